@@ -1,0 +1,321 @@
+"""Stages 3+4 — match rules over a log and classify the ROOT failure.
+
+- A *phase tracker* follows the start-up milestones each process reaches (``role: milestone``
+  rules) and the traceback frames printed before an error (``role: frame`` rules).
+- A generic error (torch's CUDA OOM) takes its class from the phase it happened in
+  (``class_by_phase``); a specific message carries its class.
+- Precedence: the first fatal cause wins over the errors that cascade from it; within one
+  error episode (the lines from that first cause to the next wrapper error) a more
+  specific rule (higher ``priority``) beats a generic one; ``fallback`` rules count only
+  when nothing else matched.
+- No root failure: runtime signals (preemption, rejections, KV pressure) decide, else the
+  log is clean → ``unknown`` (never a guessed OOM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from oomdoctor import contract
+from oomdoctor.errors import BadInput
+from oomdoctor.parse import LogLine, parse_line
+from oomdoctor.read import SourceInfo
+from oomdoctor.rules import EngineSpec, Rule, RuleSet, anchors_of, version_in
+from oomdoctor.runtime import RuntimeTracker
+from oomdoctor.scan import scan
+
+EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
+FRAME_WINDOW = 800           # how far back traceback frames are looked for
+MAX_STORED_MATCHES = 200_000
+
+
+@dataclass
+class Match:
+    rule: Rule
+    line: LogLine
+    numbers: dict[str, Any]
+    groups: dict[str, str]
+
+    @property
+    def n(self) -> int:
+        return self.line.n
+
+
+@dataclass
+class Diagnosis:
+    source: SourceInfo
+    engine: str | None
+    engine_version: str | None
+    engine_version_line: int | None
+    klass: str
+    phase: str
+    type: str
+    rule: str | None
+    message: str
+    root: Match | None
+    evidence: list[dict]
+    numbers: dict[str, Any]
+    numbers_source: dict[str, int]
+    numbers_by_process: dict[str, dict[str, Any]]
+    phase_reached: str | None
+    phase_basis: str                       # how the phase was decided
+    levers: list[str]
+    matches: list[Match] = field(default_factory=list)
+    runtime: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_memory_failure(self) -> bool:
+        return self.klass not in contract.NO_MEMORY_FAILURE
+
+    def classification(self) -> dict:
+        return {"class": self.klass, "phase": self.phase, "type": self.type, "rule": self.rule,
+                "engine": self.engine, "engine_version": self.engine_version}
+
+
+# ----------------------------------------------------------------------------- matching
+def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], engines: list[EngineSpec],
+                runtime: RuntimeTracker) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
+    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions)."""
+    matches: list[Match] = []
+    detect_counts = {e.engine: 0 for e in engines}
+    versions: dict[str, tuple[str, int]] = {}
+    by_anchor: dict[str, list[Rule]] = {}
+    for r in rules:
+        for p in r.patterns:
+            by_anchor.setdefault(p.anchor, []).append(r)
+    anchor_items = list(by_anchor.items())
+    for n, raw in lines:
+        line = parse_line(n, raw)
+        text = line.text
+        for e in engines:
+            if any(s in text for s in e.detect):
+                detect_counts[e.engine] += 1
+            if e.engine not in versions:
+                for vp in e.version_patterns:
+                    m = vp.search(text)
+                    if m:
+                        versions[e.engine] = (m.group("version"), n)
+                        break
+        tried: set[str] = set()
+        for anchor, rs in anchor_items:
+            if anchor not in text:
+                continue
+            for r in rs:
+                if r.id in tried:
+                    continue
+                tried.add(r.id)
+                m = r.match(line)
+                if not m:
+                    continue
+                mt = Match(r, line, r.extract(m), {k: v for k, v in m.groupdict().items() if v is not None})
+                if r.role == "signal":
+                    runtime.add(mt)
+                elif len(matches) < MAX_STORED_MATCHES:
+                    matches.append(mt)
+    return matches, detect_counts, versions
+
+
+def choose_engine(ruleset: RuleSet, counts: dict[str, int], versions: dict[str, tuple[str, int]],
+                  forced: str | None) -> str | None:
+    if forced:
+        if forced not in ruleset.engines:
+            raise BadInput(f"unknown engine '{forced}' (rules exist for: {', '.join(sorted(ruleset.engines))})")
+        return forced
+    best = max(counts.items(), key=lambda kv: (kv[1], kv[0] in versions), default=(None, 0))
+    if best[1] > 0:
+        return best[0]
+    if versions:
+        return next(iter(versions))
+    return None
+
+
+# ----------------------------------------------------------------------------- phases
+def phase_at(m: Match, milestones: list[Match], frames: list[Match], prev_error_line: int) -> tuple[str | None, str]:
+    """The phase the process of ``m`` was in when ``m`` was printed, and how that was decided."""
+    lo = max(prev_error_line, m.n - FRAME_WINDOW)
+    fr = [f for f in frames if lo < f.n < m.n and f.line.process == m.line.process]
+    if fr:
+        f = fr[-1]                         # innermost known frame of the traceback
+        return f.rule.reaches, f"traceback frame at line {f.n} ({f.rule.id})"
+    own = [x for x in milestones if x.n < m.n and m.line.process and x.line.process == m.line.process]
+    if own:
+        x = own[-1]
+        return x.rule.reaches, f"last milestone of {m.line.process} at line {x.n} ({x.rule.id})"
+    before = [x for x in milestones if x.n < m.n]
+    if before:
+        x = before[-1]
+        return x.rule.reaches, f"last milestone at line {x.n} ({x.rule.id})"
+    return None, "no milestone before the error"
+
+
+def class_of(m: Match, phase: str | None) -> tuple[str | None, str | None]:
+    r = m.rule
+    if r.klass:
+        return r.klass, contract.CLASSES[r.klass]["phase"]
+    if phase and phase in r.class_by_phase:
+        k = r.class_by_phase[phase]
+        return k, contract.CLASSES[k]["phase"]
+    if "*" in r.class_by_phase:  # pragma: no cover - '*' is not a contract phase; kept for clarity
+        k = r.class_by_phase["*"]
+        return k, contract.CLASSES[k]["phase"]
+    return None, phase
+
+
+def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
+    primary = [m for m in roots if not m.rule.fallback]
+    cascade_lines = {c.n for c in cascades}
+    pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
+    if not pool:
+        return None
+    first = pool[0]
+    end = first.n + EPISODE_LINES
+    nxt = [c.n for c in cascades if c.n > first.n]
+    if nxt:
+        end = min(end, nxt[0])
+    episode = [m for m in pool if first.n <= m.n <= end]
+    return max(episode, key=lambda m: (m.rule.priority, -m.n))
+
+
+# ----------------------------------------------------------------------------- main
+def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, source: SourceInfo,
+                   engine: str | None = None, engine_version: str | None = None,
+                   metrics_text: str | None = None) -> Diagnosis:
+    all_rules = ruleset.rules
+    engines = list(ruleset.engines.values())
+    runtime = RuntimeTracker()
+    matches, counts, versions = match_lines(lines, all_rules, engines, runtime)
+    eng = choose_engine(ruleset, counts, versions, engine)
+    notes: list[str] = []
+    ver, ver_line = (engine_version, None)
+    if ver is None and eng in versions:
+        ver, ver_line = versions[eng]
+    if eng and ver:
+        spec = ruleset.engines[eng]
+        try:
+            ok = version_in(ver, spec.covers)
+        except ValueError:
+            raise BadInput(f"'{ver}' is not a {spec.name} version")
+        if not ok:
+            where = f" (log line {ver_line})" if ver_line else ""
+            raise BadInput(f"{spec.name} {ver}{where} is outside the versions the rules cover ({spec.covers}); "
+                           f"pass --engine-version with a covered version to match it anyway")
+    if eng is None:
+        notes.append("no engine recognised in the log; rules of every engine were tried")
+    keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
+    runtime.filter(lambda mt: (eng is None or mt.rule.engine == eng) and mt.rule.applies_to(ver))
+    if metrics_text is not None:
+        runtime.add_metrics(metrics_text)
+
+    milestones = [m for m in keep if m.rule.role == "milestone"]
+    frames = [m for m in keep if m.rule.role == "frame"]
+    cascades = [m for m in keep if m.rule.role == "cascade"]
+    roots = [m for m in keep if m.rule.role == "root"]
+    root = select_root(roots, cascades)
+
+    klass, phase, basis, rule_id, message, levers = "unknown", "none", "", None, "", []
+    if root is not None:
+        prev_err = max([c.n for c in roots + cascades if c.n < root.n and c.line.process == root.line.process] or [0])
+        ph, basis = phase_at(root, milestones, frames, prev_err)
+        k, p = class_of(root, ph)
+        if k is None:
+            k, p = "unknown", "none"
+            notes.append(f"rule {root.rule.id} matched at line {root.n} but the phase ({ph or 'unknown'}) "
+                         "has no class in it: not guessing")
+        klass, phase, rule_id, message, levers = k, p, root.rule.id, root.rule.message, list(root.rule.levers)
+    else:
+        sig = runtime.classify()
+        if sig is not None:
+            klass, rule_id, message, levers, basis = sig["class"], sig.get("rule"), sig.get("message", ""), \
+                sig.get("levers", []), sig.get("basis", "")
+            phase = contract.CLASSES[klass]["phase"]
+        elif cascades:
+            notes.append("a wrapper error was found but not its root cause: the log is cut, or the cause was "
+                         "printed by another process whose output is missing")
+
+    numbers, numbers_source, by_proc = merge_numbers(keep, root)
+    if root is None:
+        numbers.update({k: v for k, v in runtime.numbers().items() if k not in numbers})
+    ms_before = [m for m in milestones if root is None or m.n < root.n]
+    phase_reached = ms_before[-1].rule.reaches if ms_before else None
+    evidence = build_evidence(root, keep, runtime, phase_reached)
+    if source.cut_lines:
+        notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
+    if root is None and klass == "unknown":
+        if phase_reached == "runtime":
+            notes.append("the engine started and served; no memory failure in the log")
+        elif phase_reached:
+            notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
+    return Diagnosis(
+        source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=klass,
+        phase=phase, type=contract.CLASSES[klass]["type"], rule=rule_id, message=message, root=root,
+        evidence=evidence, numbers=numbers, numbers_source=numbers_source, numbers_by_process=by_proc,
+        phase_reached=phase_reached, phase_basis=basis, levers=levers, matches=keep,
+        runtime=runtime.summary(), notes=notes,
+    )
+
+
+def merge_numbers(matches: list[Match], root: Match | None) -> tuple[dict, dict, dict]:
+    """Numbers of the root first; then the last value of every other number printed before it."""
+    numbers: dict[str, Any] = {}
+    src: dict[str, int] = {}
+    by_proc: dict[str, dict[str, Any]] = {}
+    limit = root.n if root else None
+    for m in matches:
+        if m.rule.role == "frame":
+            continue
+        proc = m.line.process or "-"
+        for k, v in m.numbers.items():
+            by_proc.setdefault(proc, {})[k] = v
+            if limit is None or m.n <= limit:
+                numbers[k] = v
+                src[k] = m.n
+            elif k not in numbers:
+                numbers[k] = v
+                src[k] = m.n
+    if root is not None:
+        for k, v in root.numbers.items():
+            numbers[k] = v
+            src[k] = root.n
+    if len(by_proc) <= 1:
+        by_proc = {}
+    return numbers, src, by_proc
+
+
+def _ev(m: Match, role: str) -> dict:
+    d = {"line": m.n, "text": m.line.text[:2000], "rule": m.rule.id, "role": role}
+    if m.line.process:
+        d["process"] = m.line.process
+    return d
+
+
+def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTracker, phase_reached: str | None) -> list[dict]:
+    ev: list[dict] = []
+    if root is not None:
+        ev.append(_ev(root, "root"))
+        seen = {root.line.text}
+        for m in matches:
+            if m.rule.role in ("root", "cascade") and m is not root and m.line.text not in seen and len(ev) < 12:
+                seen.add(m.line.text)
+                ev.append(_ev(m, "cascade" if m.rule.role == "cascade" or m.n > root.n else "related"))
+        ledger = [m for m in matches if m.rule.role in ("milestone", "info") and m.n < root.n and m.numbers]
+    else:
+        ev.extend(runtime.evidence())
+        ledger = [m for m in matches if m.rule.role in ("milestone", "info") and m.numbers]
+    seen_rules: set[str] = set()
+    for m in reversed(ledger):                 # the latest ledger line of each kind
+        if m.rule.id in seen_rules:
+            continue
+        seen_rules.add(m.rule.id)
+        ev.append(_ev(m, "ledger"))
+    ev.sort(key=lambda d: (d["role"] != "root", d["line"]))
+    return ev
+
+
+def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None, engine_version: str | None = None,
+                  metrics_text: str | None = None, scanner: str = "auto") -> Diagnosis:
+    info = SourceInfo(str(path))
+    anchors = anchors_of(ruleset.rules, ruleset.engines.values())
+    lines = scan(path, anchors, info, engine=scanner)
+    return diagnose_lines(lines, ruleset, info, engine=engine, engine_version=engine_version, metrics_text=metrics_text)

@@ -1,0 +1,87 @@
+"""The command line: one click group; each verb lives in oomdoctor/commands/<verb>.py and is
+imported only when it is called (the CLI must start fast: no torch, no vllm, no rich until needed).
+
+Every expected failure (OomdoctorError) becomes one line on stderr and its exit code (2 for bad
+input); an unexpected exception becomes one line too, with OOMDOCTOR_DEBUG=1 to see the traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import click
+
+from oomdoctor import __version__
+
+COMMANDS = {
+    "diagnose": "Classify a failing engine log, write an incident card, propose levers.",
+    "retest": "Apply ONE lever to the recorded workload, re-run the real engine, record the attempt.",
+    "record": "Run an engine command, capture device state and its log, and diagnose it.",
+    "gate": "CI gate: every changed serving config needs a passing retest for its exact fingerprint.",
+    "plan": "Memory arithmetic before any failure: will this model start on this card, and with what.",
+    "ladder": "Measure the smallest free memory at which a workload starts (bisection with a ballast).",
+    "compare": "Line up the start-up ledgers of two logs and explain the difference.",
+    "admit": "KV-aware admission: admit, queue or reject a request against a KV byte budget.",
+    "snapshot": "Read a PyTorch memory snapshot (safely, without torch) and report fragmentation.",
+    "rules": "List the rules, or run every rule's own test cases.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        try:
+            mod = importlib.import_module(f"oomdoctor.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"oomdoctor.commands.{name}":
+                return None
+            raise
+        return mod.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(n, COMMANDS[n]) for n in sorted(COMMANDS) if importlib.util.find_spec(f"oomdoctor.commands.{n}")]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="oomdoctor")
+def cli() -> None:
+    """oomdoctor — diagnose GPU out-of-memory incidents of LLM inference engines and prove each fix.
+
+    Reproduce → Classify → Capture evidence → Identify the constraint → Change ONE lever →
+    Retest the SAME workload → Recheck performance.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    from oomdoctor.errors import OomdoctorError
+
+    try:
+        rc = cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
+    except OomdoctorError as e:
+        click.echo(f"oomdoctor: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("oomdoctor: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("oomdoctor: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback, unless asked for
+        if os.environ.get("OOMDOCTOR_DEBUG"):
+            raise
+        click.echo(f"oomdoctor: internal error: {type(e).__name__}: {e} (set OOMDOCTOR_DEBUG=1 for the traceback)", err=True)
+        sys.exit(70)
+    sys.exit(rc if isinstance(rc, int) else 0)

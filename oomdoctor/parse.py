@@ -1,0 +1,74 @@
+"""Stage 2 — parse: turn a raw line into a LogLine (process prefix, level, time, source, message).
+
+Handles what engines put around their messages: ANSI colour codes, a trailing ``\\r``
+(vLLM's multi-line records), the V1 process prefix ``(EngineCore_DP0 pid=123)`` /
+``(Worker_TP1 pid=..)`` / ``(VllmWorker rank=1 pid=..)``, the logging header
+``INFO 07-26 12:00:00 [gpu_worker.py:123]`` and SGLang's ``[2025-01-01 12:00:00 TP0]``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+# vllm-messages.md §2.2, extended with the DEBUG-mode relative file paths.
+VLLM_RE = re.compile(
+    r"^(?P<vprefix>[^(\x1b]*?)"
+    r"(?:\((?P<proc>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)\) )?"
+    r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
+    r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?"
+    r"(?P<msg>.*)$",
+    re.S,
+)
+SGLANG_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: (?P<proc>(?:DP\d+ )?(?:TP\d+|EP\d+|PP\d+)[^\]]*))?\] (?P<msg>.*)$", re.S)
+RANK_RE = re.compile(r"(?:TP|rank[ =_]?)(\d+)", re.I)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    n: int                 # 1-based line number in the file
+    text: str              # the whole line, decoded, ANSI and trailing \r removed
+    msg: str               # the message without process prefix and logging header
+    proc: str = ""         # process name, e.g. "EngineCore", "Worker_TP1", "VllmWorker rank=1"
+    pid: str = ""
+    level: str = ""
+    ts: str = ""
+    src: str = ""          # "gpu_worker.py:538"
+
+    @property
+    def process(self) -> str:
+        """A stable key for the emitting process ("" when the line carries none)."""
+        if self.pid:
+            return f"{self.proc} pid={self.pid}"
+        return self.proc
+
+    @property
+    def rank(self) -> int | None:
+        m = RANK_RE.search(self.proc)
+        return int(m.group(1)) if m else None
+
+
+def decode(raw: bytes) -> str:
+    text = raw.decode("utf-8", errors="replace")
+    if "\x1b" in text:
+        text = ANSI_RE.sub("", text)
+    return text.rstrip("\r\n")
+
+
+def parse_line(n: int, raw: bytes | str) -> LogLine:
+    text = decode(raw) if isinstance(raw, (bytes, bytearray)) else ANSI_RE.sub("", raw).rstrip("\r\n")
+    if text.startswith("[") and (m := SGLANG_RE.match(text)):
+        return LogLine(n, text, m.group("msg"), proc=(m.group("proc") or "").strip(), ts=m.group("ts"))
+    m = VLLM_RE.match(text)
+    if not m:  # pragma: no cover - the pattern matches every string
+        return LogLine(n, text, text)
+    msg = m.group("msg")
+    if not m.group("proc") and not m.group("level"):
+        msg = text  # nothing recognised: keep the line whole (vprefix is empty then anyway)
+    return LogLine(
+        n, text, msg.rstrip("\r"),
+        proc=m.group("proc") or "", pid=m.group("pid") or "",
+        level=m.group("level") or "", ts=m.group("ts") or "",
+        src=f"{m.group('file')}:{m.group('line')}" if m.group("file") else "",
+    )

@@ -1,0 +1,167 @@
+"""Stage 1 — read: open a log (plain or gzip), refuse what is not a text log, stream its lines.
+
+Nothing here holds the whole file in memory: lines are produced one at a time, a line
+longer than ``MAX_LINE_BYTES`` is cut (the rest of it is skipped, not buffered), and the
+file's sha256 is computed while it is read.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from oomdoctor.errors import BadInput
+
+MAX_LINE_BYTES = 1 << 20          # 1 MiB: longer lines are cut, their tail skipped
+PROBE_BYTES = 64 * 1024           # what is looked at to tell text from binary
+CHUNK = 4 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class SourceInfo:
+    """Facts about the file read, filled while it is streamed."""
+
+    path: str
+    size_bytes: int = 0
+    compressed: bool = False
+    sha256: str = ""
+    lines: int = 0
+    cut_lines: list[int] = field(default_factory=list)   # line numbers longer than MAX_LINE_BYTES
+
+
+def _open_raw(path: Path) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a log file")
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file")
+    except PermissionError:
+        raise BadInput(f"{path}: permission denied")
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror or e})")
+
+
+def is_gzip(path: Path) -> bool:
+    with _open_raw(path) as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def looks_binary(sample: bytes) -> bool:
+    """True for data that is not a text log: NUL bytes, or mostly control bytes."""
+    if not sample:
+        return False
+    if b"\x00" in sample:
+        return True
+    ctrl = sum(1 for b in sample if b < 32 and b not in (9, 10, 13, 27, 12, 8))
+    return ctrl / len(sample) > 0.10
+
+
+def probe(path: Path) -> tuple[bool, bytes]:
+    """(is_gzip, first decoded bytes). Raises BadInput for empty, binary or broken gzip files."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory, not a log file")
+    gz = is_gzip(path)
+    try:
+        if gz:
+            with gzip.open(path, "rb") as f:
+                head = f.read(PROBE_BYTES)
+        else:
+            with _open_raw(path) as f:
+                head = f.read(PROBE_BYTES)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise BadInput(f"{path}: truncated or corrupt gzip file ({e})")
+    if not head.strip():
+        raise BadInput(f"{path}: the log is empty")
+    if looks_binary(head):
+        raise BadInput(f"{path}: binary data, not a text log")
+    return gz, head
+
+
+class HashingReader(io.RawIOBase):
+    """Wraps a binary file and feeds every byte read into sha256 (of the file as stored)."""
+
+    def __init__(self, f: BinaryIO, info: SourceInfo):
+        self._f = f
+        self._h = hashlib.sha256()
+        self._info = info
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        n = self._f.readinto(b)
+        if n:
+            self._h.update(memoryview(b)[:n])
+            self._info.size_bytes += n
+        return n or 0
+
+    def finish(self) -> None:
+        # hash whatever the consumer did not read (e.g. the tail after an early stop)
+        while True:
+            buf = self._f.read(CHUNK)
+            if not buf:
+                break
+            self._h.update(buf)
+            self._info.size_bytes += len(buf)
+        self._info.sha256 = self._h.hexdigest()
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield (line_number, raw_line_without_newline) for every line; 1-based numbers.
+
+    A line longer than MAX_LINE_BYTES is yielded cut to that length; its number goes into
+    ``info.cut_lines``. Raises BadInput for files that cannot be logs.
+    """
+    path = Path(path)
+    gz, _ = probe(path)
+    info = info if info is not None else SourceInfo(str(path))
+    info.compressed = gz
+    raw = HashingReader(_open_raw(path), info)
+    stream: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(raw, CHUNK)) if gz else io.BufferedReader(raw, CHUNK)
+    n = 0
+    try:
+        while True:
+            line = stream.readline(MAX_LINE_BYTES)
+            if not line:
+                break
+            n += 1
+            if not line.endswith(b"\n") and len(line) >= MAX_LINE_BYTES:
+                info.cut_lines.append(n)
+                while True:                       # skip the rest of the over-long line
+                    rest = stream.readline(MAX_LINE_BYTES)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+            yield n, line.rstrip(b"\r\n")
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise BadInput(f"{path}: truncated or corrupt gzip file after line {n} ({e})")
+    finally:
+        info.lines = n
+        try:
+            raw.finish()
+        finally:
+            stream.close()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with _open_raw(Path(path)) as f:
+        while True:
+            buf = f.read(CHUNK)
+            if not buf:
+                break
+            h.update(buf)
+    return h.hexdigest()

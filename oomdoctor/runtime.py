@@ -1,0 +1,188 @@
+"""Runtime signals: KV pressure, preemption and rejections over a serving log.
+
+vLLM V1 prints no line per preemption; its periodic stats line carries running/waiting
+requests and KV usage (and, from 0.25 on, ``Preemptions: N`` when non-zero — a real 0.25.1
+run with 15 preemptions by the Prometheus counter showed no such field). So the tracker:
+- counts preemptions where a number exists (stats field, V0 warning, ``/metrics`` counter);
+- otherwise infers KV pressure from the stats lines: KV usage near 100 % while requests wait;
+- counts rejected requests (signal rules of class ``admission_rejection``).
+Samples are kept for a timeline; past ``MAX_SAMPLES`` every other one is dropped, so the
+memory used stays bounded on logs of any length.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+KV_PRESSURE_PERCENT = 95.0
+PRESSURE_MIN_SAMPLES = 2
+MAX_SAMPLES = 4096
+PREEMPTION_LEVERS = ["max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len"]
+REJECTION_LEVERS = ["admission_queue", "max_model_len", "max_num_seqs", "kv_cache_dtype"]
+
+METRIC_RE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+0-9.eE]+|NaN|\+Inf|-Inf)\s*(?:\d+)?$")
+
+
+@dataclass
+class Sample:
+    line: int
+    ts: str
+    kv_usage_percent: float | None
+    running: int | None
+    waiting: int | None
+    preemptions: int | None
+
+
+class RuntimeTracker:
+    def __init__(self) -> None:
+        self._matches: list = []
+        self.samples: list[Sample] = []
+        self._stride = 1
+        self._seen = 0
+        self.preemption_events = 0          # from per-interval fields / warnings
+        self.preemption_cumulative: int | None = None
+        self.metrics: dict[str, float] = {}
+        self.rejections: list = []
+        self.rejection_count = 0
+        self.first_pressure: int | None = None
+        self.pressure_samples = 0
+        self.max_kv_usage: float | None = None
+        self.max_waiting: int | None = None
+
+    # -- collection -----------------------------------------------------------------
+    def add(self, m) -> None:
+        self._matches.append(m)
+
+    def filter(self, keep: Callable[[Any], bool]) -> None:
+        """Apply the engine/version filter, then fold the kept signal matches into the summary."""
+        for m in self._matches:
+            if keep(m):
+                self._fold(m)
+        self._matches = []
+
+    def _fold(self, m) -> None:
+        nums = m.numbers
+        klass = m.rule.klass
+        if klass == "admission_rejection":
+            self.rejection_count += 1
+            if len(self.rejections) < 20:
+                self.rejections.append(m)
+            return
+        if "preemptions_cumulative" in nums:
+            self.preemption_cumulative = max(self.preemption_cumulative or 0, int(nums["preemptions_cumulative"]))
+        if "preemptions" in nums:
+            self.preemption_events += int(nums["preemptions"])
+        if "kv_usage_percent" in nums or "running_reqs" in nums:
+            s = Sample(m.n, m.line.ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
+                       nums.get("waiting_reqs"), nums.get("preemptions"))
+            self._sample(s)
+        elif "preemptions" not in nums and "preemptions_cumulative" not in nums:
+            self.preemption_events += 1          # a per-event warning without a count
+            self.preemption_cumulative = max(self.preemption_cumulative or 0, self.preemption_events)
+
+    def _sample(self, s: Sample) -> None:
+        if s.kv_usage_percent is not None:
+            self.max_kv_usage = max(self.max_kv_usage or 0.0, s.kv_usage_percent)
+            if s.kv_usage_percent >= KV_PRESSURE_PERCENT and (s.waiting or 0) > 0:
+                self.pressure_samples += 1
+                if self.first_pressure is None:
+                    self.first_pressure = s.line
+        if s.waiting is not None:
+            self.max_waiting = max(self.max_waiting or 0, s.waiting)
+        self._seen += 1
+        if (self._seen - 1) % self._stride:
+            return
+        self.samples.append(s)
+        if len(self.samples) >= MAX_SAMPLES:
+            self.samples = self.samples[::2]
+            self._stride *= 2
+
+    def add_metrics(self, text: str) -> None:
+        """Read a Prometheus /metrics text: counters summed over their label sets."""
+        for raw in text.splitlines():
+            raw = raw.strip()
+            if not raw or raw.startswith("#"):
+                continue
+            m = METRIC_RE.match(raw)
+            if not m:
+                continue
+            try:
+                val = float(m.group("value"))
+            except ValueError:
+                continue
+            self.metrics[m.group("name")] = self.metrics.get(m.group("name"), 0.0) + val
+        for name in ("vllm:num_preemptions_total", "vllm:num_preemptions"):
+            if name in self.metrics:
+                self.preemption_cumulative = max(self.preemption_cumulative or 0, int(self.metrics[name]))
+                break
+
+    # -- results --------------------------------------------------------------------
+    @property
+    def preemptions(self) -> int:
+        return max(self.preemption_events, self.preemption_cumulative or 0)
+
+    def classify(self) -> dict | None:
+        if self.preemptions > 0:
+            basis = "preemption counter" if self.preemption_cumulative else "preemption count in the log"
+            if self.metrics and self.preemption_cumulative:
+                basis = "Prometheus counter vllm:num_preemptions_total (--metrics)"
+            return {"class": "kv_preemption", "rule": "runtime.preemption.counted", "basis": basis,
+                    "levers": PREEMPTION_LEVERS,
+                    "message": f"{self.preemptions} preemption(s): running requests were evicted and recomputed "
+                               "for lack of KV cache blocks."}
+        if self.pressure_samples >= PRESSURE_MIN_SAMPLES:
+            return {"class": "kv_preemption", "rule": "runtime.kv_pressure.inferred",
+                    "basis": f"inferred: {self.pressure_samples} stats line(s) with KV usage >= {KV_PRESSURE_PERCENT:g}% "
+                             "while requests were waiting (no preemption counter in the log; pass --metrics)",
+                    "levers": PREEMPTION_LEVERS,
+                    "message": "KV cache saturated while requests waited: the scheduler was capped by KV blocks, "
+                               "which preempts and recomputes running sequences."}
+        if self.rejection_count:
+            r = self.rejections[0]
+            return {"class": "admission_rejection", "rule": r.rule.id, "basis": f"{self.rejection_count} rejected request(s)",
+                    "levers": r.rule.levers or REJECTION_LEVERS, "message": r.rule.message}
+        return None
+
+    def numbers(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.preemptions:
+            out["preemptions_count"] = self.preemptions
+        if self.max_kv_usage is not None:
+            out["kv_usage_max_percent"] = self.max_kv_usage
+        if self.max_waiting is not None:
+            out["waiting_max_requests"] = self.max_waiting
+        if self.pressure_samples:
+            out["kv_pressure_samples_count"] = self.pressure_samples
+        if self.rejection_count:
+            out["rejected_requests_count"] = self.rejection_count
+        for r in self.rejections[:1]:
+            out.update(r.numbers)
+        return out
+
+    def evidence(self) -> list[dict]:
+        ev: list[dict] = []
+        for r in self.rejections[:3]:
+            ev.append({"line": r.n, "text": r.line.text[:2000], "rule": r.rule.id, "role": "root"})
+        hot = [s for s in self.samples if s.kv_usage_percent is not None and s.kv_usage_percent >= KV_PRESSURE_PERCENT]
+        for s in hot[:3]:
+            ev.append({"line": s.line, "text": f"KV usage {s.kv_usage_percent:.1f}%, running {s.running}, waiting {s.waiting}",
+                       "rule": "runtime.stats", "role": "root" if not ev else "related"})
+        return ev
+
+    def summary(self) -> dict:
+        if not (self.samples or self.preemptions or self.rejection_count or self.metrics):
+            return {}
+        return {
+            "stats_lines": self._seen,
+            "preemptions": self.preemptions,
+            "preemptions_source": ("metrics" if self.metrics and self.preemption_cumulative else
+                                   "log" if self.preemptions else "none"),
+            "kv_usage_max_percent": self.max_kv_usage,
+            "waiting_max": self.max_waiting,
+            "kv_pressure_samples": self.pressure_samples,
+            "first_kv_pressure_line": self.first_pressure,
+            "rejected_requests": self.rejection_count,
+            "timeline": [{"line": s.line, "ts": s.ts, "kv_usage_percent": s.kv_usage_percent, "running": s.running,
+                          "waiting": s.waiting, "preemptions": s.preemptions} for s in self.samples],
+        }
