@@ -64,6 +64,7 @@ class Diagnosis:
     matches: list[Match] = field(default_factory=list)
     runtime: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    hits: dict[str, dict] = field(default_factory=dict)     # rule id → first line, count, numbers
 
     @property
     def is_memory_failure(self) -> bool:
@@ -76,8 +77,9 @@ class Diagnosis:
 
 # ----------------------------------------------------------------------------- matching
 def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], engines: list[EngineSpec],
-                runtime: RuntimeTracker) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
-    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions)."""
+                runtime: RuntimeTracker, hits: dict[str, dict]) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
+    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions);
+    ``hits`` receives, per rule id, the first matching line, its numbers and the match count."""
     matches: list[Match] = []
     detect_counts = {e.engine: 0 for e in engines}
     versions: dict[str, tuple[str, int]] = {}
@@ -110,6 +112,11 @@ def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], eng
                 if not m:
                     continue
                 mt = Match(r, line, r.extract(m), {k: v for k, v in m.groupdict().items() if v is not None})
+                h = hits.get(r.id)
+                if h is None:
+                    hits[r.id] = {"line": n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
+                else:
+                    h["count"] += 1
                 if r.role == "signal":
                     runtime.add(mt)
                 elif len(matches) < MAX_STORED_MATCHES:
@@ -185,7 +192,8 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     all_rules = ruleset.rules
     engines = list(ruleset.engines.values())
     runtime = RuntimeTracker()
-    matches, counts, versions = match_lines(lines, all_rules, engines, runtime)
+    hits: dict[str, dict] = {}
+    matches, counts, versions = match_lines(lines, all_rules, engines, runtime, hits)
     eng = choose_engine(ruleset, counts, versions, engine)
     notes: list[str] = []
     ver, ver_line = (engine_version, None)
@@ -253,6 +261,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
         evidence=evidence, numbers=numbers, numbers_source=numbers_source, numbers_by_process=by_proc,
         phase_reached=phase_reached, phase_basis=basis, levers=levers, matches=keep,
         runtime=runtime.summary(), notes=notes,
+        hits={k: v for k, v in hits.items() if eng is None or v["engine"] == eng},
     )
 
 
