@@ -303,10 +303,10 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
     ev: list[dict] = []
     if root is not None:
         ev.append(_ev(root, "root"))
-        seen = {root.line.text}
+        seen = {root.line.msg.strip()}
         for m in matches:
-            if m.rule.role in ("root", "cascade") and m is not root and m.line.text not in seen and len(ev) < 12:
-                seen.add(m.line.text)
+            if m.rule.role in ("root", "cascade") and m is not root and m.line.msg.strip() not in seen and len(ev) < 12:
+                seen.add(m.line.msg.strip())
                 ev.append(_ev(m, "cascade" if m.rule.role == "cascade" or m.n > root.n else "related"))
         ledger = [m for m in matches if m.rule.role in ("milestone", "info") and m.n < root.n and m.numbers]
     else:

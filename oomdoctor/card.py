@@ -1,0 +1,253 @@
+"""Stage 5 — the incident card: a versioned YAML document, validated against the JSON Schema
+shipped in ``oomdoctor/schema/incident-card.schema.json``.
+
+Cards are written atomically (temp file in the same folder, fsync, rename), secrets are
+redacted before anything is written, and appending an attempt re-reads the card from disk
+under a lock so that earlier attempts are never lost.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from oomdoctor import __version__
+from oomdoctor.errors import CardError
+from oomdoctor.redact import redact_obj
+
+SCHEMA_ID = "oomdoctor.incident/v1"
+SCHEMA_PATH = Path(__file__).with_name("schema") / "incident-card.schema.json"
+
+
+@dataclass
+class Card:
+    id: str
+    created_at: str
+    source: dict
+    engine: dict
+    classification: dict
+    evidence: list
+    numbers: dict
+    device: dict
+    workload: dict
+    levers: list
+    summary: str = ""
+    phase_reached: str | None = None
+    numbers_source: dict = field(default_factory=dict)
+    numbers_by_process: dict = field(default_factory=dict)
+    log_device: list = field(default_factory=list)
+    runtime: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    attempts: list = field(default_factory=list)
+    schema: str = SCHEMA_ID
+    oomdoctor_version: str = __version__
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        order = ["schema", "oomdoctor_version", "id", "created_at", "summary", "source", "engine", "classification",
+                 "phase_reached", "evidence", "numbers", "numbers_source", "numbers_by_process", "device", "log_device",
+                 "workload", "levers", "runtime", "notes", "attempts"]
+        out = {k: d[k] for k in order if k in d}
+        for k in ("numbers_by_process", "runtime"):
+            if not out.get(k):
+                out.pop(k, None)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Card":
+        known = set(cls.__dataclass_fields__)
+        extra = {k: v for k, v in d.items() if k not in known}
+        c = cls(**{k: v for k, v in d.items() if k in known})
+        c._extra = extra  # type: ignore[attr-defined]   (ladder results, snapshot, ... kept as written)
+        return c
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_id(klass: str, sha256: str) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{klass}-{(sha256 or '0' * 8)[:8]}"
+
+
+# ----------------------------------------------------------------------------- schema validation
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _type_ok(v: Any, t: str) -> bool:
+    if t == "integer":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if t == "number":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, _TYPES[t])
+
+
+def validate(obj: Any, sch: dict, path: str = "") -> list[str]:
+    """A small JSON-Schema subset (type, enum, const, required, properties, additionalProperties,
+    items, minimum, pattern, anyOf) — enough for the card schema, no extra dependency."""
+    where = path or "(card)"
+    errs: list[str] = []
+    if "anyOf" in sch:
+        if all(validate(obj, s, path) for s in sch["anyOf"]):
+            return [f"{where}: {obj!r} matches none of the allowed forms"]
+    if "const" in sch and obj != sch["const"]:
+        return [f"{where}: must be {sch['const']!r}, found {obj!r}"]
+    if "enum" in sch and obj not in sch["enum"]:
+        return [f"{where}: {obj!r} is not one of {', '.join(map(str, sch['enum']))}"]
+    t = sch.get("type")
+    if t is not None:
+        types = t if isinstance(t, list) else [t]
+        if not any(_type_ok(obj, x) for x in types):
+            return [f"{where}: must be {' or '.join(types)}, found {type(obj).__name__} {obj!r}"[:300]]
+    if isinstance(obj, dict):
+        for r in sch.get("required", []):
+            if r not in obj:
+                errs.append(f"{path + '.' if path else ''}{r}: required field is missing")
+        props = sch.get("properties", {})
+        for k, v in obj.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if k in props:
+                errs += validate(v, props[k], sub)
+            elif isinstance(sch.get("additionalProperties"), dict):
+                errs += validate(v, sch["additionalProperties"], sub)
+            elif sch.get("additionalProperties") is False:
+                errs.append(f"{sub}: unknown field")
+    if isinstance(obj, list) and "items" in sch:
+        for i, v in enumerate(obj):
+            errs += validate(v, sch["items"], f"{path}[{i}]")
+    if "minimum" in sch and isinstance(obj, (int, float)) and not isinstance(obj, bool) and obj < sch["minimum"]:
+        errs.append(f"{where}: {obj} is below the minimum {sch['minimum']}")
+    if "pattern" in sch and isinstance(obj, str) and not re.search(sch["pattern"], obj):
+        errs.append(f"{where}: {obj!r} does not match {sch['pattern']}")
+    return errs
+
+
+def check(d: Any, origin: str) -> None:
+    if not isinstance(d, dict):
+        raise CardError(f"{origin}: not an incident card (a YAML mapping is expected)")
+    if d.get("schema") != SCHEMA_ID:
+        raise CardError(f"{origin}: field 'schema' is {d.get('schema')!r}; this oomdoctor {__version__} reads "
+                        f"'{SCHEMA_ID}' cards only")
+    errs = validate(d, schema())
+    if errs:
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise CardError(f"{origin}: invalid field {errs[0]}{more}")
+
+
+# ----------------------------------------------------------------------------- files
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    if "\n" in data:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def dumps(d: dict) -> str:
+    return yaml.dump(d, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):
+            dfd = os.open(str(path.parent), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def save(card: Card | dict, path: str | os.PathLike) -> Path:
+    d = card.to_dict() if isinstance(card, Card) else dict(card)
+    if isinstance(card, Card):
+        d.update(getattr(card, "_extra", {}))
+    d = redact_obj(d)
+    check(d, str(path))
+    atomic_write(Path(path), dumps(d))
+    return Path(path)
+
+
+def load_dict(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CardError(f"{p}: no such card")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CardError(f"{p}: cannot be read ({e})")
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}")
+    check(d, str(p))
+    return d
+
+
+def load(path: str | os.PathLike) -> Card:
+    return Card.from_dict(load_dict(path))
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike) -> Iterator[None]:
+    lock = Path(str(path) + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                lock.unlink()
+
+
+def append_attempt(path: str | os.PathLike, attempt: dict, updates: dict | None = None) -> dict:
+    """Re-read the card, append ``attempt`` (numbered after the last one), apply top-level
+    ``updates`` (e.g. new levers), validate and write atomically. Earlier attempts stay as they were."""
+    with locked(path):
+        d = load_dict(path)
+        attempts = list(d.get("attempts") or [])
+        attempt = dict(attempt)
+        attempt["n"] = (attempts[-1]["n"] + 1) if attempts else 1
+        attempts.append(attempt)
+        d["attempts"] = attempts
+        for k, v in (updates or {}).items():
+            d[k] = v
+        d = redact_obj(d)
+        check(d, str(path))
+        atomic_write(Path(path), dumps(d))
+        return attempt

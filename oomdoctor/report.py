@@ -1,0 +1,102 @@
+"""Terminal report and the contract's JSON output for a diagnosis / card."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from oomdoctor.units import human_bytes
+
+
+def contract_json(card: dict, card_path: str | None) -> dict:
+    """``diagnose --json``: the contract's keys first, then the rest of what a script may want."""
+    c = card["classification"]
+    out = {
+        "classification": {"class": c["class"], "phase": c["phase"], "type": c["type"], "rule": c.get("rule"),
+                           "engine": c.get("engine")},
+        "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
+        "numbers": card["numbers"],
+        "levers": [{k: lv[k] for k in ("id", "change", "predicted", "cost", "rank", "basis", "explicit_override", "arithmetic")
+                    if k in lv} for lv in card["levers"]],
+        "engine": card["engine"],
+        "phase_reached": card.get("phase_reached"),
+        "summary": card.get("summary", ""),
+        "device": card["device"],
+        "log_device": card.get("log_device", []),
+        "workload": card["workload"],
+        "notes": card.get("notes", []),
+        "card": card_path,
+        "source": card["source"],
+    }
+    if card.get("runtime"):
+        out["runtime"] = {k: v for k, v in card["runtime"].items() if k != "timeline"}
+    return out
+
+
+def _fmt_num(k: str, v: Any) -> str:
+    if k.endswith("_bytes") and isinstance(v, (int, float)):
+        return f"{human_bytes(v)} ({int(v):,} B)"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def render(card: dict, card_path: str | None, file=None) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
+    c = card["classification"]
+    eng = card["engine"]
+    title = f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/] · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}"
+    body = Text(card.get("summary", ""))
+    con.print(Panel(body, title=title, title_align="left", border_style="red" if c["class"] not in ("unknown", "not_memory") else "yellow"))
+    if card["evidence"]:
+        t = Table(title="Evidence", show_header=True, header_style="bold", expand=False, title_justify="left")
+        t.add_column("line", justify="right")
+        t.add_column("role")
+        t.add_column("text", overflow="fold", max_width=140)
+        for e in card["evidence"][:10]:
+            text = e["text"] if len(e["text"]) < 400 else e["text"][:400] + " …"
+            t.add_row(str(e["line"]), e.get("role", ""), Text(text))
+        con.print(t)
+    if card["numbers"]:
+        t = Table(title="Numbers (from the log)", show_header=False, expand=False, title_justify="left")
+        for k, v in card["numbers"].items():
+            src = card.get("numbers_source", {}).get(k)
+            t.add_row(Text(k), Text(_fmt_num(k, v)), f"line {src}" if src else "")
+        con.print(t)
+    dev = card["device"]
+    if dev.get("status") == "captured":
+        for g in dev.get("gpus", []):
+            procs = ", ".join(f"{p['pid']} {human_bytes(p.get('used_bytes') or 0)}" for p in g.get("processes", []))
+            con.print(f"GPU {g['index']} {g.get('name', '')}: free {human_bytes(g['free_bytes'])} of {human_bytes(g['total_bytes'])}"
+                      + (f"; holders: {procs}" if procs else ""))
+    else:
+        con.print(Text(f"device state: {dev.get('status')} — {dev.get('reason', '')}", style="dim"))
+    if card["levers"]:
+        t = Table(title="Levers (try #1 first; one at a time)", show_header=True, header_style="bold", title_justify="left")
+        for col in ("#", "lever", "change", "predicted", "cost"):
+            t.add_column(col, overflow="fold")
+        for lv in card["levers"][:6]:
+            pred = lv["predicted"].get("outcome", "")
+            extra = ", ".join(f"{k}={_fmt_num(k, v)}" for k, v in lv["predicted"].items() if k != "outcome")
+            change = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
+            t.add_row(str(lv["rank"]), Text(lv["id"] + (" (overrides your value)" if lv.get("explicit_override") else "")),
+                      Text(change), Text(f"{pred} {extra}".strip()), Text(lv["cost"]))
+        con.print(t)
+        first = card["levers"][0]
+        if first.get("arithmetic"):
+            con.print("[bold]Arithmetic for lever #1[/]")
+            for a in first["arithmetic"]:
+                con.print(Text(f"  · {a}"))
+    for n in card.get("notes", []):
+        con.print(Text(f"note: {n}", style="dim"))
+    if card_path:
+        con.print(f"card: {card_path}")
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

@@ -1,0 +1,189 @@
+"""The workload as far as the log reveals it: how the engine was launched, with which arguments
+(explicit vs left at defaults), which environment, and what was requested.
+
+Sources, in order of trust: an oomdoctor ``record`` header, a capture harness header (``# cmd:``,
+``# env: {...}``, ``# nvml before start: {...}``, ``# ballast: {...}``), and the engine's own lines
+(vLLM: ``non-default args: {...}`` = the explicit arguments; ``Initializing a V1 LLM engine ... with
+config: ...`` = the resolved ones).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from oomdoctor.read import iter_lines
+from oomdoctor.redact import redact_argv, redact_env
+
+HEADER_LINES = 40
+CONFIG_KV_RE = re.compile(r"(?:^|, )(?P<k>[a-z_]+)=(?P<v>[^,{}\[\]]+?)(?=, [a-z_]+=|$)")
+# keys of vLLM's "non-default args" that are not engine settings
+NOT_SETTINGS = {"model_tag", "disable_log_stats", "port", "host", "api_key", "served_model_name", "uvicorn_log_level",
+                "disable_log_requests", "enable_log_requests"}
+RESOLVED_KEYS = {"max_seq_len": "max_model_len", "tensor_parallel_size": "tensor_parallel_size",
+                 "pipeline_parallel_size": "pipeline_parallel_size", "quantization": "quantization",
+                 "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
+                 "enable_prefix_caching": "enable_prefix_caching", "enable_chunked_prefill": "enable_chunked_prefill",
+                 "data_parallel_size": "data_parallel_size"}
+DEFAULT_REQUESTS = {"kind": "smoke", "prompt_tokens": 8, "max_tokens": 16, "concurrency": 1, "count": 1}
+
+
+def _literal(s: str) -> Any:
+    s = s.strip()
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        return json.loads(s)
+    except ValueError:
+        return None
+
+
+def _scalar(v: str) -> Any:
+    v = v.strip().strip("'\"")
+    if v in ("None",):
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    if v.startswith("torch."):
+        return v.split(".", 1)[1]
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def parse_engine_args(text: str) -> dict[str, Any]:
+    """vLLM's ``non-default args: {...}`` (a Python dict repr) → dict; values it cannot read stay strings."""
+    val = _literal(text)
+    if isinstance(val, dict):
+        return {str(k): v for k, v in val.items()}
+    out: dict[str, Any] = {}
+    for m in re.finditer(r"'(?P<k>[a-z_]+)': (?P<v>'[^']*'|[^,}]+)", text):
+        out[m.group("k")] = _scalar(m.group("v"))
+    return out
+
+
+def parse_engine_config(text: str) -> dict[str, Any]:
+    """``model='/m', max_seq_len=4000000, ...`` → the memory-relevant resolved settings."""
+    out: dict[str, Any] = {}
+    for m in CONFIG_KV_RE.finditer(text):
+        k = m.group("k")
+        if k in RESOLVED_KEYS or k == "model":
+            out[RESOLVED_KEYS.get(k, k)] = _scalar(m.group("v"))
+    return out
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The leading ``# ...`` lines a capture harness (or ``oomdoctor record``) wrote before the engine output."""
+    out: dict[str, Any] = {}
+    for n, raw in iter_lines(path):
+        if n > HEADER_LINES:
+            break
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("#"):
+            continue
+        body = line.lstrip("#").strip()
+        if body.startswith("oomdoctor-record:"):
+            val = _literal(body.split(":", 1)[1])
+            if isinstance(val, dict):
+                out["record"] = val
+            continue
+        for key in ("env", "nvml before start", "ballast"):
+            if body.startswith(key + ":"):
+                rest = body[len(key) + 1:].strip()
+                val = _literal(rest)
+                if val is None and key == "nvml before start":   # "free 150109880320 total 150754820096"
+                    m = re.search(r"free (\d+) total (\d+)", rest)
+                    val = {"free": int(m.group(1)), "total": int(m.group(2))} if m else None
+                out[key.replace(" ", "_")] = val
+        m = re.search(r"(?:^|; )cmd: (?P<cmd>.+)$", body)
+        if m:
+            out["cmd"] = m.group("cmd").strip()
+    return out
+
+
+def from_log(path: str | Path, matches: list, engine: str | None) -> dict[str, Any]:
+    """Build the card's workload section from the log's header and the matched ledger lines."""
+    header = read_header(path)
+    explicit: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
+    serve = False
+    for m in matches:
+        g = m.groups
+        if "engine_args" in g and not explicit:
+            explicit = parse_engine_args(g["engine_args"])
+        if "engine_config" in g and not resolved:
+            resolved = parse_engine_config(g["engine_config"])
+        if m.line.proc.startswith("APIServer"):
+            serve = True
+    for k, v in (("max_model_len", "max_model_len"), ("max_num_batched_tokens", "max_num_batched_tokens")):
+        for m in matches:
+            if k in m.numbers and m.rule.role == "info":
+                resolved.setdefault(v, m.numbers[k])
+    if "model_tag" in explicit:
+        serve = True
+    record = header.get("record") or {}
+    if record:
+        wl = dict(record.get("workload") or {})
+        wl.setdefault("source", "oomdoctor record header")
+        wl["resolved"] = {**resolved, **wl.get("resolved", {})}
+        return wl
+    model = explicit.get("model") or explicit.get("model_tag") or resolved.get("model")
+    settings = {k: v for k, v in explicit.items() if k not in NOT_SETTINGS and k != "model"}
+    env = header.get("env") if isinstance(header.get("env"), dict) else {}
+    launcher = "unknown"
+    if engine == "vllm":
+        launcher = "vllm-serve" if serve else "vllm-llm"
+    wl: dict[str, Any] = {
+        "launcher": launcher,
+        "model": model,
+        "engine_args": settings,
+        "explicit_args": sorted(settings),
+        "resolved": resolved,
+        "env": redact_env({str(k): str(v) for k, v in env.items()}),
+        "requests": dict(DEFAULT_REQUESTS),
+        "baseline": None,
+        "source": "log",
+    }
+    if header.get("cmd"):
+        wl["harness_cmd"] = redact_argv(shlex.split(header["cmd"]))[:64] if _shlex_ok(header["cmd"]) else header["cmd"]
+    nv = header.get("nvml_before_start")
+    if isinstance(nv, dict) and "free" in nv:
+        wl["free_at_start_bytes"] = int(nv["free"])
+        if "total" in nv:
+            wl["gpu_total_bytes"] = int(nv["total"])
+        wl["free_at_start_source"] = "capture harness header (NVML before the start)"
+    return wl
+
+
+def _shlex_ok(s: str) -> bool:
+    try:
+        shlex.split(s)
+        return True
+    except ValueError:
+        return False
+
+
+def argv_for(wl: dict[str, Any]) -> list[str]:
+    """The engine command line of a ``vllm-serve`` workload (argv list, never a shell string)."""
+    if wl.get("argv"):
+        return list(wl["argv"])
+    args = ["vllm", "serve", str(wl.get("model"))]
+    for k, v in sorted((wl.get("engine_args") or {}).items()):
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, (dict, list)):
+            args += [flag, json.dumps(v)]
+        elif v is not None:
+            args += [flag, str(v)]
+    return args
