@@ -6,7 +6,10 @@ Format source: the ``_snapshot`` docstring in torch/cuda/memory.py (Segment / Bl
 TraceEntry TypedDicts) and ``_memory_snapshot`` in torch/csrc/cuda/Module.cpp, which emits the
 block state string 'active_pending_free', 'device_free' instead of 'addr' for 'oom' entries,
 'segment_pool_id' as a tuple, and (newer torch) 'allocator_settings' / 'external_annotations'.
-Frames are innermost first; with stacks='all' C++ frames ('??', 'c10::...') come before Python ones.
+Frames are innermost first. With stacks='all' (the default of _record_memory_history) a real torch
+2.11 snapshot from an H200 (tools/gpu/make_snapshot.py) lists the C++ frames first ('??',
+'CUDACachingAllocator.cpp', '' ...), the innermost Python frame spliced in among the interpreter's C
+frames, then the outer Python frames: ``fr`` below builds stacks in that order.
 """
 from __future__ import annotations
 
@@ -27,11 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "fixtures" / "snapshots" / "h200_oom.pickle"
 
 CXX = {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"}
+CXX2 = {"filename": "CUDACachingAllocator.cpp", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::malloc"}
+CXX3 = {"filename": "", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate"}
+PYC = {"filename": "??", "line": 0, "name": "_PyEval_EvalFrameDefault"}
 TORCH = {"filename": "/usr/lib/python3.12/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"}
 
 
 def fr(fn, line, name):
-    return [CXX, TORCH, {"filename": fn, "line": line, "name": name}, {"filename": "/app/main.py", "line": 9, "name": "<module>"}]
+    """A stack as torch 2.11 records it with stacks='all' (see the module docstring)."""
+    return [CXX, CXX2, CXX3, TORCH, PYC, {"filename": fn, "line": line, "name": name}, PYC,
+            {"filename": "??", "line": 0, "name": "_start"}, {"filename": "/app/main.py", "line": 9, "name": "<module>"}]
 
 
 W = fr("/app/model.py", 42, "load_weights")
