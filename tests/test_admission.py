@@ -233,6 +233,7 @@ def test_cli_reject(capsys):
 @pytest.mark.parametrize("args", [
     ["--budget", "lots", "--kv-bytes-per-token", "32768", "--request", "10"],
     ["--budget", "4713MiB", "--kv-bytes-per-token", "0", "--request", "10"],
+    ["--budget", "4713MiB", "--kv-bytes-per-token", "32768.5", "--request", "10"],
     ["--budget", "4713MiB", "--kv-bytes-per-token", "32768", "--request", "ten"],
     ["--budget", "4713MiB", "--kv-bytes-per-token", "32768", "--request", "10:20:30"],
     ["--budget", "4713MiB", "--kv-bytes-per-token", "32768", "--request", "-5"],

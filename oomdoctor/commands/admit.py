@@ -94,6 +94,12 @@ def command(budget: str, kv_bpt: str, request: str, in_use: str, queue_ahead: in
     b = _size(budget, "--budget")
     if b == 0:
         raise BadInput("--budget must be more than 0 bytes")
+    try:
+        whole = float(kv_bpt.replace(",", "").replace("_", ""))
+    except ValueError:
+        whole = None
+    if whole is not None and whole != int(whole):
+        raise BadInput(f"--kv-bytes-per-token must be a whole number of bytes, got {kv_bpt!r}")
     bpt = _size(kv_bpt, "--kv-bytes-per-token")
     if bpt == 0:
         raise BadInput("--kv-bytes-per-token must be more than 0")
