@@ -1,0 +1,66 @@
+"""`oomdoctor retest CARD` — apply ONE lever to the recorded workload, re-run it, record the attempt."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def print_summary(card: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from oomdoctor.retest import summary_rows
+
+    rows = summary_rows(card)
+    if not rows:
+        return
+    t = Table(title=f"Attempts on {card['id']} (original: {card['classification']['class']})", title_justify="left")
+    for col in ("#", "lever", "change", "engine", "outcome", "new class", "took", "tok/s", "target"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(str(r["n"]), r["lever"], Text(json.dumps(r["change"])), r["mode"] or "", r["outcome"], r["class"] or "",
+                  f"{r['duration_s']:.0f}s" if r["duration_s"] else "", str(r["tok_s"] or ""), Text(str(r["target"] or "")))
+    Console(file=sys.stderr).print(t)
+
+
+@click.command("retest")
+@click.argument("card", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--lever", "lever_id", default=None, help="The lever to apply (an id from the card); 'none' reproduces the failure.")
+@click.option("--next", "next_", is_flag=True, help="Apply the first lever not tried yet.")
+@click.option("--dry-run", is_flag=True, help="Show the one change and the command; run nothing.")
+@click.option("--engine", type=click.Choice(["auto", "real", "twin"]), default="auto", show_default=True,
+              help="real: run the engine; twin: the memory model predicts (labelled as a prediction); auto: real when a GPU and vllm are present.")
+@click.option("--emulate", "emulate", default=None,
+              help="Leave this much memory free with a ballast: bytes, a size (24GiB) or a card name (rtx4090).")
+@click.option("--emulate-free", "emulate_free", default=None, help="Same as --emulate, in bytes.")
+@click.option("--no-emulate", is_flag=True, help="Do not reproduce the recorded free memory.")
+@click.option("--gpu", "gpu_index", type=int, default=0, show_default=True, help="GPU index to run on.")
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Seconds for the engine start and the requests.")
+@click.option("--tolerance", type=float, default=0.10, show_default=True, help="Allowed performance change vs the baseline.")
+@click.option("--json", "as_json", is_flag=True, help="Print the attempt as JSON on stdout.")
+def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine: str, emulate: str | None,
+            emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool) -> int:
+    """Re-run the workload recorded in CARD with exactly one lever applied.
+
+    Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input.
+    """
+    from oomdoctor.retest import retest
+
+    rc, attempt, after = retest(card, lever_id=lever_id, next_=next_, dry_run=dry_run, engine=engine,
+                                emulate=emulate or emulate_free, no_emulate=no_emulate, gpu_index=gpu_index,
+                                timeout_s=timeout_s, tolerance=tolerance)
+    if as_json:
+        sys.stdout.write(json.dumps(attempt, indent=2, default=str) + "\n")
+    elif dry_run:
+        click.echo("dry run: would run " + " ".join(attempt["argv"]))
+    if not dry_run:
+        print_summary(after)
+        if attempt.get("outcome") != "pass" and attempt.get("next_lever"):
+            nl = attempt["next_lever"]
+            click.echo(f"next lever: {nl['id']} {json.dumps(nl['change'])} — {nl.get('cost', '')} "
+                       f"(oomdoctor retest {card} --next)", err=True)
+    return rc
