@@ -52,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         m = getattr(o, "metrics", None)
         if m is None:
             continue
-        first = getattr(m, "first_token_time", None) or getattr(m, "first_token_ts", None)
+        ftl = getattr(m, "first_token_latency", None)          # vLLM V1 RequestStateStats (0.25.x)
+        if ftl:
+            ttfts.append(float(ftl))
+        first = getattr(m, "first_token_time", None)            # older RequestMetrics
         arrival = getattr(m, "arrival_time", None)
-        last = getattr(m, "last_token_time", None) or getattr(m, "last_token_ts", None)
-        if first and arrival:
+        last = getattr(m, "last_token_time", None)
+        if first and arrival and not ftl:
             ttfts.append(first - arrival)
         if last and arrival:
             lats.append(last - arrival)
