@@ -125,7 +125,8 @@ def util_to_fit_free(c: Ctx, score: float) -> dict | None:
         return None
     requested = math.ceil(total * new)
     pinned = c.pinned
-    ar = [f"vLLM requests ceil(total x util): {_h(total)} x {c.util} = {_h(math.ceil(total * c.util))} > free {_h(free)}",
+    rel = ">" if math.ceil(total * c.util) > free else "<="
+    ar = [f"vLLM requests ceil(total x util): {_h(total)} x {c.util} = {_h(math.ceil(total * c.util))} {rel} free {_h(free)}",
           f"largest util with {CHECK_SAFETY:.0%} of free kept back: floor(free x {1 - CHECK_SAFETY} / total, 2) = {new}",
           f"requested at {new}: {_h(requested)} <= free {_h(free)}"]
     if pinned:
@@ -133,6 +134,11 @@ def util_to_fit_free(c: Ctx, score: float) -> dict | None:
                   "the arena does not shrink")
         cost = "none for the KV cache (the arena is pinned); the start-up check passes"
         pred = {"outcome": "passes_startup_check", "requested_bytes": requested, "free_bytes": free}
+    elif new > c.util:
+        lost = math.ceil(total * c.util) - requested
+        cost = f"the KV cache budget grows by about {_h(-lost)}; less memory is left for anything else on the GPU"
+        pred = {"outcome": "passes_startup_check", "requested_bytes": requested, "free_bytes": free,
+                "kv_budget_change_bytes": -lost}
     else:
         lost = math.ceil(total * c.util) - requested
         cost = f"the KV cache budget shrinks by about {_h(lost)} (fewer tokens and concurrent sequences)"
@@ -271,6 +277,13 @@ def gen_kv_capacity(c: Ctx) -> list[dict]:
     if c.n.get("kv_available_bytes") is not None and c.n.get("kv_available_bytes", 0) <= 0 or not out:
         u = util_to_fit_free(c, 30)
         if u and u["change"]["gpu_memory_utilization"] > c.util:
+            w = c.n.get("weights_bytes")
+            if w and c.total and c.total * c.util < w * 1.5:
+                # the budget (total x util) does not even hold the weights: utilization IS the constraint
+                u["cause"] = True
+                u["arithmetic"].insert(0, f"budget {_h(c.total * c.util)} (total x {c.util}) < 1.5 x weights {_h(w)}")
+                u["_score"] = 5
+            u["predicted"]["outcome"] = "fits" if u.get("cause") else u["predicted"]["outcome"]
             out.append(u)
         mnbt = c.setting("max_num_batched_tokens")
         if mnbt and int(mnbt) > 2048:
@@ -525,13 +538,14 @@ def propose(klass: str, numbers: dict, workload: dict | None = None, device: dic
         last_resort = lv["id"] == "larger_gpu"
         short = lv["predicted"].get("outcome") == "short"
         # an explicit value ranks later, unless that very setting is what the failure names as the cause
-        penalised = lv["explicit_override"] and lv["id"] != cause
+        penalised = lv["explicit_override"] and lv["id"] != cause and not lv.get("cause")
         return (last_resort, short, penalised, lv["_score"])
 
     levers.sort(key=key)
     for i, lv in enumerate(levers, 1):
         lv["rank"] = i
         lv.pop("_score", None)
+        lv.pop("cause", None)
         lv["predicted"] = {k: v for k, v in lv["predicted"].items() if v is not None}
         if not lv["arithmetic"]:
             lv.pop("arithmetic")

@@ -231,6 +231,7 @@ class RunResult:
     served: bool
     ballast: dict | None
     notes: list[str]
+    free_at_start: int | None = None
 
 
 def run_engine(p: Plan, log_path: Path, gpu_index: int, timeout_s: float, progress: Callable[[str], None],
@@ -322,7 +323,8 @@ def run_engine(p: Plan, log_path: Path, gpu_index: int, timeout_s: float, progre
                 ballast.stop()
         if timed_out:
             notes.append(f"timed out after {timeout_s:.0f} s; the process group was ended")
-    return RunResult(rc if not port else rc_final, timed_out, time.monotonic() - t0, log_path, perf, served, ballast_info, notes)
+    return RunResult(rc if not port else rc_final, timed_out, time.monotonic() - t0, log_path, perf, served, ballast_info, notes,
+                     free_now)
 
 
 # ----------------------------------------------------------------------------- deciding
@@ -460,7 +462,14 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
         attempts_so_far = list(card.get("attempts") or []) + [attempt]
         src_class = new.klass if (new.is_memory_failure and gone) else card["classification"]["class"]
         src_nums = new.numbers if (new.is_memory_failure and gone) else card.get("numbers", {})
-        nxt = levermod.propose(src_class, src_nums, p.workload, st, attempts_so_far)
+        wl_now = dict(p.workload)
+        if rr.free_at_start is not None:       # what this run really had free, not what the card recorded
+            wl_now["free_at_start_bytes"] = rr.free_at_start
+            wl_now["free_at_start_source"] = f"NVML before attempt {n_prev + 1}"
+            g = next((g for g in st.get("gpus", []) if g["index"] == gpu_index), None)
+            if g:
+                wl_now["gpu_total_bytes"] = g["total_bytes"]
+        nxt = levermod.propose(src_class, src_nums, wl_now, st, attempts_so_far)
         attempt["next_lever"] = {k: nxt[0][k] for k in ("id", "change", "predicted", "cost")} if nxt else None
         if new.is_memory_failure and gone:
             attempt["notes"].append(f"the original failure is gone; a new one appeared: {new.klass} ({new.rule})")
