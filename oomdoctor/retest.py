@@ -469,7 +469,8 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
             g = next((g for g in st.get("gpus", []) if g["index"] == gpu_index), None)
             if g:
                 wl_now["gpu_total_bytes"] = g["total_bytes"]
-        nxt = levermod.propose(src_class, src_nums, wl_now, st, attempts_so_far)
+        allowed = (new.levers if (new.is_memory_failure and gone) else None) or None
+        nxt = levermod.propose(src_class, src_nums, wl_now, st, attempts_so_far, allowed=allowed)
         attempt["next_lever"] = {k: nxt[0][k] for k in ("id", "change", "predicted", "cost")} if nxt else None
         if new.is_memory_failure and gone:
             attempt["notes"].append(f"the original failure is gone; a new one appeared: {new.klass} ({new.rule})")

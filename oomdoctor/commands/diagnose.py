@@ -16,10 +16,8 @@ def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | Non
 
     wl = from_log(log, diag.matches, diag.engine)
     nums = dict(diag.numbers)
-    levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=None)
-    if diag.levers and levers:
-        # keep the rule's levers first in relevance order only as a filter of what applies
-        pass
+    # the matched rule lists the levers that apply to its failure (data); the lever engine ranks them
+    levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=diag.levers or None)
     summary = diag.message.split(". ")[0].strip() if diag.message else ""
     if diag.klass == "unknown" and not diag.root:
         summary = "; ".join(diag.notes[:1]) or "no failure found in the log"
