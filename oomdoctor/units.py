@@ -31,6 +31,10 @@ NAMED_CARDS: dict[str, tuple[str, int]] = {
     "h100-94": ("NVIDIA H100 NVL (94 GB)", 94 * 1000**3),
     "h200": ("NVIDIA H200 (141 GB)", 150_754_820_096),
     "b200": ("NVIDIA B200 (180 GB)", 180 * 1000**3),
+    "l40": ("NVIDIA L40 (48 GiB)", 48 << 30),
+    "a40": ("NVIDIA A40 (48 GiB)", 48 << 30),
+    "rtx6000ada": ("NVIDIA RTX 6000 Ada Generation (48 GiB)", 48 << 30),
+    "h800": ("NVIDIA H800 80GB", 80 << 30),
 }
 
 
