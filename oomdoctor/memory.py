@@ -529,6 +529,9 @@ def describe_model(model_dir: Union[str, Path], config: dict | None = None) -> M
         raise BadInput(f"{where}: head_dim must be positive")
     derived, key = derive_max_model_len(cfg, model_type)
     notes: list[str] = []
+    if cfg is not cfg0:
+        notes.append(f"{arch}: only the text model is counted from config.json (vision tower weights and the "
+                     "multimodal encoder's profiling peak are not; safetensors shards would include the weights)")
     quant = parse_quantization(cfg)
     tie = bool(cfg.get("tie_word_embeddings", model_type.startswith("gemma")))
     rp = _rope_params(cfg)

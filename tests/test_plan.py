@@ -130,13 +130,17 @@ def test_utilization_lever_never_exceeds_what_free_memory_allows():
     assert "free_other_processes" in ids
 
 
-def test_never_proposes_raising_utilization_beyond_free():
-    # kv_capacity on a card where another process holds memory: a utilization lever, if any, stays within free
-    r = P.plan(GPUKIT, "h200", free=60 * GIB, gpu_memory_utilization=0.3)
-    for lev in r["levers"]:
-        if lev["id"] == "gpu_memory_utilization":
-            u = lev["change"]["gpu_memory_utilization"]
-            assert math.ceil(r["gpu"]["cuda_total_bytes"] * u) <= r["gpu"]["startup_free_bytes"]
+def test_raising_utilization_stops_at_what_free_memory_allows():
+    # kv_capacity at util 0.3 with 60 GiB free (another process holds the rest): raising utilization helps,
+    # but only up to free/total -- never to the 0.92 default or beyond
+    r = P.plan(GPUKIT, "h200", free=60 * GIB, gpu_memory_utilization=0.3, max_model_len=700_000)
+    assert r["failure"]["class"] == "kv_capacity"
+    lev = next(x for x in r["levers"] if x["id"] == "gpu_memory_utilization")
+    u = lev["change"]["gpu_memory_utilization"]
+    assert 0.3 < u <= 60 * GIB / r["gpu"]["total_bytes"]
+    assert math.ceil(r["gpu"]["cuda_total_bytes"] * u) <= r["gpu"]["startup_free_bytes"]
+    assert lev["predicted"]["fits"] is True
+    assert r["levers"][0]["id"] == "max_model_len"
 
 
 def test_pinned_arena_levers_d_fail_and_f1b_fail():

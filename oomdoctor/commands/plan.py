@@ -352,7 +352,8 @@ def to_json(info: M.ModelInfo, p: M.Prediction, levers: list[dict]) -> dict:
             "activation peak, profiling overhead, CUDA-graph pool and runtime buffers are estimates calibrated on "
             "real vLLM 0.25.1 H200 ledgers (see oomdoctor.memory.CALIBRATION); the rest is vLLM's arithmetic",
             "the CUDA total is NVML's total less a driver reserve (measured on the H200, 0.5 GiB assumed elsewhere)",
-        ] + (["weights from config.json (no *.safetensors in the directory)"] if p.weights.source == "config.json" else [])
+        ] + list(info.notes)
+          + (["weights from config.json (no *.safetensors in the directory)"] if p.weights.source == "config.json" else [])
           + (["tensor parallel: NCCL buffers are an uncalibrated 256 MiB per rank"] if s.tensor_parallel_size > 1 else []),
     }
 
