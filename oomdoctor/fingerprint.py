@@ -104,9 +104,17 @@ def memory_settings(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_config(engine: str, engine_version: str | None, model: str | None, model_revision: str | None,
-                     args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+                     args: dict[str, Any], env: dict[str, str] | None = None, *,
+                     conditions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory-shaping identity of one engine start.
+
+    ``conditions`` (optional) are the start conditions a serving config promises on top of its settings,
+    e.g. ``{"requires_free_bytes": 25769803776}`` for a serving profile that must start with only that much
+    free memory. They are added under ``"conditions"`` only when present, so every config without them keeps
+    exactly the fingerprint it had before conditions existed.
+    """
     env = env or {}
-    return {
+    cfg: dict[str, Any] = {
         "engine": engine,
         "engine_version": engine_version,
         "model": model,
@@ -114,6 +122,10 @@ def effective_config(engine: str, engine_version: str | None, model: str | None,
         "settings": dict(sorted(memory_settings(args).items())),
         "env": {k: env[k] for k in MEMORY_ENV if k in env and k != "CUDA_VISIBLE_DEVICES"},
     }
+    cond = {str(k): normalize_value(v) for k, v in sorted((conditions or {}).items()) if v is not None}
+    if cond:
+        cfg["conditions"] = cond
+    return cfg
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -127,7 +139,7 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     for key in ("engine", "engine_version", "model", "model_revision"):
         if a.get(key) != b.get(key):
             out.append(f"{key}: {a.get(key)!r} → {b.get(key)!r}")
-    for sec in ("settings", "env"):
+    for sec in ("settings", "env", "conditions"):
         sa, sb = a.get(sec) or {}, b.get(sec) or {}
         for k in sorted(set(sa) | set(sb)):
             if sa.get(k) != sb.get(k):
