@@ -481,6 +481,9 @@ def normalize_args(pairs: list[tuple[str, Any]], origin: str, strict: bool) -> d
             k, v = k[3:], (not v) if isinstance(v, bool) else False
         v = _json_like(v)
         ck = fpmod.canonical_key(k)
+        if ck == "kv_cache_memory_bytes" and isinstance(v, str) and not fpmod.HUMAN_INT_RE.match(v.strip()) \
+                and not _is_number(v.strip()):
+            v = _size(v, f"{origin}: {raw}")                    # '4.84GiB' (vLLM itself takes '5G' or bytes)
         if ck in LIST_SETTINGS and v is not None and not isinstance(v, (list, tuple, bool)):
             v = [v]
         slot = ck or k
@@ -555,43 +558,50 @@ def parse_vllm_yaml(text: str, origin: str) -> tuple[dict[str, Any], dict[str, s
     return normalize_args(pairs, origin, strict=True), ident
 
 
-PROFILE_RESERVED = ("name", "description", "notes", "requires_free_bytes", "env", "model", "revision")
+PROFILES_SCHEMA_ID = "oomdoctor.serving-profiles/v1"
+# The one serving-profiles format, shared with oomdoctor/profiles.py (the vLLM plugin's profile picker):
+# engine options live under `settings` (vLLM's snake_case names), `window` is max_model_len.
+PROFILE_FIELDS = ("name", "window", "max_model_len", "settings", "requires_free_bytes", "measured",
+                  "declared_free_bytes", "note", "description")
 
 
 @dataclass
 class Profile:
     name: str
     args: dict[str, Any]
-    env: dict[str, str]
     requires_free_bytes: int | None
-    ident: dict[str, str]
-    resolved: dict[str, Any]        # the profile as written, defaults merged (for change detection)
+    resolved: dict[str, Any]        # the profile as written (for change detection)
+
+
+def _load_profiles_doc(text: str, origin: str) -> Any:
+    if origin.lower().endswith(".json"):
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            msg = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            raise BadInput(f"{origin}: not valid JSON: {msg}")
+    return _load_yaml_text(text, origin)
 
 
 def parse_profiles(text: str, origin: str) -> dict[str, Profile]:
-    """A serving-profiles JSON file (see docs/gate.md) → name → Profile."""
-    try:
-        d = json.loads(text)
-    except ValueError as e:
-        msg = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
-        raise BadInput(f"{origin}: not valid JSON: {msg}")
-    defaults: Any = {}
-    if isinstance(d, list):
-        profiles, key = d, "(top level)"
-    elif isinstance(d, dict):
-        key = "profiles" if "profiles" in d else "serving_profiles" if "serving_profiles" in d else None
-        if key is None:
-            raise BadInput(f"{origin}: no 'profiles' (or 'serving_profiles') list or mapping; see docs/gate.md")
-        profiles = d[key]
-        defaults = d.get("defaults", {}) if key == "profiles" else d.get("serving_profile_defaults", {})
-        if not isinstance(defaults, dict):
-            raise BadInput(f"{origin}: defaults: must be an object of settings")
-    else:
-        raise BadInput(f"{origin}: a serving-profiles file is a JSON object with 'profiles' (or a list of profiles)")
-    items: list[tuple[str, dict, str]] = []
+    """A serving-profiles file (JSON, or YAML when not named *.json; see docs/gate.md) → name → Profile.
+
+    The format is the one oomdoctor/profiles.py reads, so that the gate fingerprints exactly what the
+    plugin applies: ``{"schema": "oomdoctor.serving-profiles/v1", "profiles": {NAME: {"window": N,
+    "settings": {...}, "requires_free_bytes": B, ...}}}`` (or a list of profiles with ``name``, under
+    ``profiles``, or ``serving_profiles`` inside a model's config.json)."""
+    d = _load_profiles_doc(text, origin)
+    if not isinstance(d, dict):
+        raise BadInput(f"{origin}: a serving-profiles file is an object with 'profiles' (see docs/gate.md)")
+    if d.get("schema", PROFILES_SCHEMA_ID) != PROFILES_SCHEMA_ID:
+        raise BadInput(f"{origin}: schema {d.get('schema')!r}; this oomdoctor reads {PROFILES_SCHEMA_ID!r}")
+    key = "profiles" if "profiles" in d else "serving_profiles" if "serving_profiles" in d else None
+    if key is None:
+        raise BadInput(f"{origin}: no 'profiles' (or 'serving_profiles') mapping or list; see docs/gate.md")
+    profiles = d[key]
+    items: list[tuple[str, Any, str]] = []
     if isinstance(profiles, dict):
-        for name, p in profiles.items():
-            items.append((str(name), p, f"{key}.{name}"))
+        items = [(str(name), p, f"{key}.{name}") for name, p in profiles.items()]
     elif isinstance(profiles, list):
         for i, p in enumerate(profiles):
             w = f"{key}[{i}]"
@@ -599,35 +609,37 @@ def parse_profiles(text: str, origin: str) -> dict[str, Profile]:
                 raise BadInput(f"{origin}: {w}.name: required field is missing (each profile in a list needs a name)")
             items.append((p["name"].strip(), p, w))
     else:
-        raise BadInput(f"{origin}: {key}: must be an object (name → settings) or a list of profiles")
+        raise BadInput(f"{origin}: {key}: must be a mapping (name → profile) or a list of profiles")
     if not items:
         raise BadInput(f"{origin}: {key}: no profiles")
     out: dict[str, Profile] = {}
     for name, p, w in items:
         if not isinstance(p, dict):
-            raise BadInput(f"{origin}: {w}: must be an object of settings")
+            raise BadInput(f"{origin}: {w}: must be a mapping with settings")
         if name in out:
             raise BadInput(f"{origin}: {w}.name: profile {name!r} is defined twice")
-        merged = {**{k: v for k, v in defaults.items() if k != "env"}, **{k: v for k, v in p.items() if k != "env"}}
-        env_raw = {**(defaults.get("env") or {}), **(p.get("env") or {})} if isinstance(defaults.get("env") or {}, dict) \
-            and isinstance(p.get("env") or {}, dict) else None
-        if env_raw is None or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in env_raw.values()):
-            raise BadInput(f"{origin}: {w}.env: must be an object of NAME: \"value\" strings")
-        env = {str(k): str(v) for k, v in env_raw.items()}
-        rfb = _size(merged["requires_free_bytes"], f"{origin}: {w}.requires_free_bytes") \
-            if merged.get("requires_free_bytes") is not None else None
-        ident = {}
-        for k in ("model", "revision"):
-            if merged.get(k) is not None:
-                if not isinstance(merged[k], str):
-                    raise BadInput(f"{origin}: {w}.{k}: must be a string")
-                ident[k] = merged[k]
-        pairs = [(k, v) for k, v in merged.items() if k not in PROFILE_RESERVED]
+        for k in p:
+            if k not in PROFILE_FIELDS:
+                hint = " (engine options go under `settings`)" if fpmod.canonical_key(str(k)) else ""
+                raise BadInput(f"{origin}: {w}.{k}: unknown field{hint}; allowed: {', '.join(PROFILE_FIELDS)}")
+        settings = p.get("settings") or {}
+        if not isinstance(settings, dict):
+            raise BadInput(f"{origin}: {w}.settings: must be a mapping of engine options")
+        pairs: list[tuple[str, Any]] = []
+        for k, v in settings.items():
+            if not isinstance(k, str) or not k.isidentifier():
+                raise BadInput(f"{origin}: {w}.settings.{k}: not an engine argument name (use vLLM's snake_case)")
+            if fpmod.canonical_key(k) == "kv_cache_memory_bytes" and v is not None:
+                v = _size(v, f"{origin}: {w}.settings.{k}")      # as the plugin reads it: '4.84GiB', '8G', bytes
+            pairs.append((k, v))
+        for k in ("window", "max_model_len"):
+            if p.get(k) is not None:
+                pairs.append(("max_model_len", p[k]))
         args = normalize_args(pairs, f"{origin}: {w}", strict=True)
-        resolved = {**merged, "env": env}
-        resolved.pop("description", None)
-        resolved.pop("notes", None)
-        out[name] = Profile(name, args, env, rfb, ident, resolved)
+        rfb = _size(p["requires_free_bytes"], f"{origin}: {w}.requires_free_bytes") \
+            if p.get("requires_free_bytes") is not None else None
+        resolved = {k: v for k, v in p.items() if k not in ("note", "description")}
+        out[name] = Profile(name, args, rfb, resolved)
     return out
 
 
@@ -1189,12 +1201,12 @@ def build_serving_configs(project: Project, entry: ConfigEntry, rel: str, tree: 
     # serving-profiles
     out = []
     for name, prof in parse_profiles(text, rel).items():
-        model, rev = _identity(entry, project, prof.ident, f"{rel} profile {name!r}")
+        model, rev = _identity(entry, project, {}, f"{rel} profile {name!r}")
         cond_p = dict(cond)
         if prof.requires_free_bytes is not None:
             cond_p["requires_free_bytes"] = prof.requires_free_bytes
         content = {"profile": prof.resolved, **{k: v for k, v in texts.items() if k != rel}}
-        out.append(make(name, model, rev, prof.args, {**env, **prof.env}, cond_p, [], content))
+        out.append(make(name, model, rev, prof.args, env, cond_p, [], content))
     return out
 
 

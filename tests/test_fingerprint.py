@@ -79,9 +79,9 @@ def test_same_config_in_every_format_has_one_fingerprint():
         "exec vllm serve \"$MODEL\" --port 8000 \\\n  --max-model-len=32000 --kv-cache-memory-bytes 8589934592 \\\n"
         "  --enforce-eager --cuda-graph-sizes 1 2 4 --hf-overrides '{\"rope_scaling\": null}'\n",
         "serve.sh", {"MODEL": "Qwen/Qwen3-8B"})
-    prof = parse_profiles(json.dumps({"profiles": {"p": {
-        "max_model_len": 32000, "kv_cache_memory_bytes": 8589934592, "enforce_eager": True,
-        "cuda_graph_sizes": [1, 2, 4], "hf_overrides": {"rope_scaling": None}}}}), "profiles.json")["p"]
+    prof = parse_profiles(json.dumps({"profiles": {"p": {"window": 32000, "settings": {
+        "kv_cache_memory_bytes": "8GiB", "enforce_eager": True,
+        "cuda_graph_sizes": [1, 2, 4], "hf_overrides": {"rope_scaling": None}}}}}), "profiles.json")["p"]
     assert ident["model"] == cmd.model == MODEL
     assert f(yaml_args) == f(cmd.args) == f(prof.args)
 

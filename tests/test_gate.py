@@ -97,7 +97,7 @@ def test_demo_flow_change_fail_receipt_pass_unrelated_pass(repo, capsys):
     rc, out, _ = run(capsys=capsys)
     assert rc == 0 and "no serving config changed" in out
 
-    edit(repo / PROFILES, '"max_model_len": 131072', '"max_model_len": 65536')
+    edit(repo / PROFILES, '"window": 131072', '"window": 65536')
     rc, out, _ = run(capsys=capsys)
     assert rc == 1
     assert f"FAIL  {PROFILES} [long-128k]  (modified)" in out
@@ -424,11 +424,15 @@ def test_missing_project_file(repo, capsys):
     (VLLM_YAML, "- max-model-len\n", "must be a YAML mapping of option: value"),
     (VLLM_YAML, "max-model-len: 32768\nmax_model_len: 65536\n", "both set max_model_len, to different values"),
     (VLLM_YAML, "model: meta-llama/Llama-3.1-8B-Instruct\n", "serves model 'meta-llama/Llama-3.1-8B-Instruct' but"),
-    (PROFILES, '{"profiles": {"a": {"max_model_len": 1}}', "not valid JSON"),
+    (PROFILES, '{"profiles": {"a": {"window": 1}}', "not valid JSON"),
     (PROFILES, '{"nothing": 1}', "no 'profiles'"),
-    (PROFILES, '{"profiles": [{"max_model_len": 1}]}', "profiles[0].name: required field is missing"),
+    (PROFILES, '{"schema": "other/v2", "profiles": {}}', "schema 'other/v2'; this oomdoctor reads"),
+    (PROFILES, '{"profiles": [{"window": 1}]}', "profiles[0].name: required field is missing"),
     (PROFILES, '{"profiles": [{"name": "a"}, {"name": "a"}]}', "profile 'a' is defined twice"),
     (PROFILES, '{"profiles": {"a": {"requires_free_bytes": "much"}}}', "profiles.a.requires_free_bytes"),
+    (PROFILES, '{"profiles": {"a": {"max_num_seqs": 8}}}', "profiles.a.max_num_seqs: unknown field (engine options go under `settings`)"),
+    (PROFILES, '{"profiles": {"a": {"settings": {"max-num-seqs": 8}}}}', "not an engine argument name"),
+    (PROFILES, '{"profiles": {"a": {"window": 8192, "settings": {"max_model_len": 4096}}}}', "both set max_model_len"),
     (SCRIPT, "vllm serve $MODEL --max-model-len $UNSET_LEN\n", "$UNSET_LEN is not set (not in deploy/serve.env"),
     (SCRIPT, "vllm serve $MODEL --max-model-len $(cat len.txt)\n", "a command substitution ($(...)) cannot be resolved"),
     (SCRIPT, "vllm serve $MODEL --revision main\n", "uses revision 'main' but .oomdoctor.yaml: configs[2].model_revision"),
@@ -574,3 +578,15 @@ def test_config_moved_to_an_undeclared_path_fails(repo, capsys):
     rc, out, _ = run(capsys=capsys)
     assert rc == 1
     assert f"FAIL  {VLLM_YAML}  (renamed)" in out and "renamed to deploy/other.yml, which .oomdoctor.yaml does not declare" in out
+
+
+def test_profiles_format_is_the_plugins():
+    """One serving-profiles format: what the gate fingerprints is what oomdoctor/profiles.py applies."""
+    profiles_mod = pytest.importorskip("oomdoctor.profiles")
+    path = DEMO / PROFILES
+    theirs = {p.name: p for p in profiles_mod.load_profiles(path).profiles}
+    ours = gatemod.parse_profiles(path.read_text(), PROFILES)
+    assert set(theirs) == set(ours)
+    for name, p in theirs.items():
+        applied = {**p.settings, "max_model_len": p.window}
+        assert gatemod.fpmod.memory_settings(applied) == gatemod.fpmod.memory_settings(ours[name].args), name
