@@ -1,0 +1,38 @@
+"""`oomdoctor compare proven.log failing.log` — line up two start-up ledgers row by row and explain the difference."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command("compare")
+@click.argument("proven", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("failing", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--engine", default=None, help="Force the engine (default: detected).")
+@click.option("--proven-version", default=None, help="Match the proven log's rules for this engine version.")
+@click.option("--failing-version", default=None, help="Match the failing log's rules for this engine version.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON on stdout.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Draw both ledgers as stacked bars into this PNG (needs matplotlib: the 'plot' extra).")
+def command(proven: Path, failing: Path, engine: str | None, proven_version: str | None, failing_version: str | None,
+            as_json: bool, plot_path: Path | None) -> int:
+    """Line up the start-ups in PROVEN and FAILING (two logs of the same model): settings and the memory ledger,
+    what changed, by how much, and which change the memory arithmetic says explains the difference.
+
+    Exit 0: compared (with warnings if the engine versions differ); 2: bad input.
+    """
+    from oomdoctor.compare import compare, plot, print_tables
+
+    res = compare(proven, failing, engine=engine, proven_version=proven_version, failing_version=failing_version)
+    if plot_path is not None:
+        res["plot"] = str(plot(res, plot_path))
+    if as_json:
+        sys.stdout.write(json.dumps(res, indent=2, default=str) + "\n")
+    else:
+        print_tables(res)
+        if res.get("plot"):
+            click.echo(f"plot: {res['plot']}")
+    return 0
