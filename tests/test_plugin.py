@@ -735,3 +735,52 @@ def test_entry_point_loads_the_plugin_in_every_process_spawn(tmp_path):
     env["OOMDOCTOR_INCIDENTS"] = str(tmp_path / "inc2")
     r = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "ENGINE_ERROR" in r.stdout and not (tmp_path / "inc2").exists()
+
+
+# ----------------------------------------------------------------------------- small pieces
+def test_engine_gpus_follow_cuda_visible_devices(monkeypatch):
+    from oomdoctor.plugin import engine_gpus
+
+    st = {"gpus": [{"index": i, "uuid": f"GPU-{i}{i}{i}-abc", "free_bytes": 1, "total_bytes": 2} for i in range(4)]}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert engine_gpus(st, 2) == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert engine_gpus(st, 1) == [3] and engine_gpus(st, 2) == [3, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-222,GPU-000")
+    assert engine_gpus(st, 2) == [2, 0]
+
+
+def test_records_are_formatted_like_vllm_lines():
+    from oomdoctor.plugin import format_record
+
+    try:
+        raise ValueError("Free memory on device cuda:0 (23.0/31.36 GiB) on startup is less than desired")
+    except ValueError:
+        rec = logging.LogRecord("vllm.v1.engine.core", logging.ERROR, "/x/core.py", 1231, "EngineCore failed to start.",
+                                None, sys.exc_info())
+    lines = format_record(rec, child=True).split("\n")
+    assert all(ln.startswith(f"(MainProcess pid={os.getpid()}) ERROR ") and "[core.py:1231] " in ln for ln in lines)
+    assert lines[0].endswith("EngineCore failed to start.") and lines[-1].endswith("on startup is less than desired")
+    assert format_record(rec).startswith("ERROR ")
+
+
+def test_the_log_tail_is_bounded(fake, monkeypatch):
+    from oomdoctor import plugin
+
+    monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
+    monkeypatch.setenv("OOMDOCTOR_PLUGIN_TAIL_LINES", "60")
+    monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))
+    plugin.register()
+    lg = logging.getLogger("vllm.noise")
+    for i in range(500):
+        lg.info("noise %d", i)
+    assert len(plugin._S["handler"].buf) == 60
+    from vllm import LLM
+
+    with pytest.raises(RuntimeError):
+        LLM(model=fake["model"], max_model_len=32768)
+    [cp] = list(fake["inc"].glob("*.yaml"))
+    card = cardmod.load_dict(cp)
+    text = Path(card["source"]["path"]).read_text().splitlines()
+    assert len(text) <= 2 + 1 + 60 + 40          # header + tail + the exception
+    assert card["classification"]["class"] == "free_memory_below_utilization"
