@@ -25,6 +25,7 @@
 # With neither, (c) runs with OOMDOCTOR_PROFILE_ALLOW_UNMEASURED=1 on a DECLARED estimate and says so loudly.
 #
 # Other knobs: SITE=/root/site MODEL=/root/model PY=python3 BALLAST_FREE=25769803776 (24 GiB) GPU=0
+#   TOTAL_S=470 (demo: engine timeouts shrink and retests are skipped to stay within it; `measure` is not capped)
 # Every process started here runs in its own process group and is killed by group on exit, error or Ctrl-C.
 set -u
 MODE=${1:-demo}
@@ -36,7 +37,10 @@ PY=${PY:-python3}
 GPU=${GPU:-0}
 BALLAST_FREE=${BALLAST_FREE:-25769803776}
 MAX_RETESTS=${MAX_RETESTS:-2}
+TOTAL_S=${TOTAL_S:-470}          # the whole run stays under ~8 minutes: steps shrink or are skipped
 T0=$SECONDS
+left() { echo $((TOTAL_S - (SECONDS - T0))); }
+cap() { local want=$1 l; l=$(( $(left) - 25 )); [ "$l" -lt "$want" ] && want=$l; echo "$want"; }
 [ -f "$ROOT/oomdoctor/plugin.py" ] || { echo "run from the repository root" >&2; exit 2; }
 mkdir -p "$OUT" && rm -rf "$OUT/incidents" "$OUT/ladder-incidents" "$OUT/ep"
 
@@ -172,7 +176,7 @@ fi
 # ---- (a) the flagless start fails under the ballast; the plugin writes the card itself
 say "(a) flagless LLM(model=$MODEL) with ${BALLAST_FREE} B left free, plugin on (OOMDOCTOR_PLUGIN=1)"
 start_ballast "$BALLAST_FREE"
-run_engine "$OUT/a.log" 240 env OOMDOCTOR_PLUGIN=1 \
+run_engine "$OUT/a.log" "$(cap 240)" env OOMDOCTOR_PLUGIN=1 \
   "$PY" -m oomdoctor.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
 echo "engine rc: $? (a failure is expected)"
 stop_ballast
@@ -197,8 +201,9 @@ say "(b) oomdoctor retest (first lever), the plugin off for the re-runs"
 n=0; rc=1
 while [ $n -lt "$MAX_RETESTS" ]; do
   n=$((n + 1))
+  if [ "$(left)" -lt 170 ]; then echo "skipping retest $n: $(left) s left of TOTAL_S=$TOTAL_S (keep time for (c))"; break; fi
   if [ $n -eq 1 ]; then args=(); else args=(--next); fi
-  COLUMNS=200 setsid "$PY" -m oomdoctor retest "$CARD" ${args[@]+"${args[@]}"} --timeout 200 --gpu "$GPU" > "$OUT/b$n.log" 2>&1 &
+  COLUMNS=200 setsid "$PY" -m oomdoctor retest "$CARD" ${args[@]+"${args[@]}"} --timeout "$(cap 200)" --gpu "$GPU" > "$OUT/b$n.log" 2>&1 &
   R=$!; PGIDS+=("$R"); wait "$R"; rc=$?; forget "$R"
   grep -aE "lever #|ONE change|outcome|engine reached phase|ballast|new one appeared|Attempts|│" "$OUT/b$n.log" | tail -n 14
   echo "retest $n rc: $rc"
@@ -222,8 +227,9 @@ if [ -z "${LADDER_CARD:-}" ] && [ -z "${REQ_262K:-}" ]; then
   echo "!!! OOMDOCTOR_PROFILE_ALLOW_UNMEASURED=1 on their DECLARED figures — a demo of the mechanism, not a measurement"
   EXTRA=(OOMDOCTOR_PROFILE_ALLOW_UNMEASURED=1)
 fi
+[ "$(left)" -lt 90 ] && echo "warning: only $(left) s left of TOTAL_S=$TOTAL_S for (c)"
 start_ballast "$BALLAST_FREE"
-run_engine "$OUT/c.log" 300 env ${EXTRA[@]+"${EXTRA[@]}"} OOMDOCTOR_PLUGIN=1 OOMDOCTOR_PROFILES="$OUT/profiles.yaml" \
+run_engine "$OUT/c.log" "$(cap 300)" env ${EXTRA[@]+"${EXTRA[@]}"} OOMDOCTOR_PLUGIN=1 OOMDOCTOR_PROFILES="$OUT/profiles.yaml" \
   "$PY" -m oomdoctor.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
 rc_c=$?
 stop_ballast
