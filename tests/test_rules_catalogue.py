@@ -140,12 +140,7 @@ EXPECTED: dict[str, str] = {
 
 # Known misdiagnoses: a failing expectation that documents a bug in oomdoctor/*.py (strict xfail: the
 # test fails as soon as the bug is fixed, so this entry must then be removed).
-KNOWN_WRONG: dict[str, str] = {
-    "vllm-0.33.0-formatstrings/profiling_oom_v2runner.log": (
-        "classify.phase_at takes the innermost known frame; the V2 model runner's profile_run -> _dummy_run "
-        "goes through execute_model, which vllm.frame.runtime maps to 'runtime', so a profiling OOM of the "
-        "default 0.33.0 runner is reported as runtime_oom"),
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 ORIGIN_ROW = re.compile(r"^\|\s*([\w.\-]+\.log)\s*\|.*\|\s*`([a-z_]+)`\s*\|\s*$")
 
