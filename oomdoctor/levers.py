@@ -432,16 +432,23 @@ def gen_runtime_oom(c: Ctx) -> list[dict]:
 
 def gen_preemption(c: Ctx) -> list[dict]:
     out = []
-    running_cap = None
-    tl = (c.n.get("waiting_max_requests"),)
     mns = c.setting("max_num_seqs")
     tokens = c.n.get("kv_cache_tokens")
-    if c.pinned and c.total:
-        grow = c.pinned * 2
-        out.append(lever("kv_cache_memory_bytes", {"kv_cache_memory_bytes": grow},
-                         {"outcome": "unknown", "kv_cache_tokens": int(tokens * 2) if tokens else None},
-                         f"the pinned arena doubles ({_h(c.pinned)} → {_h(grow)}): less memory for anything else",
-                         "preemption means the KV arena is too small for the concurrency", explicit_override=True, score=30))
+    free = c.n.get("initial_free_bytes") or c.free
+    weights = c.n.get("weights_bytes") or 0
+    if c.pinned and free:
+        room = int(free - weights - (c.n.get("cuda_graph_bytes") or 0) - ACTIVATION_GRAPH_RESERVE)
+        grow = min(c.pinned * 2, (room // (100 * MiB)) * 100 * MiB)
+        if grow > c.pinned:
+            lv = lever("kv_cache_memory_bytes", {"kv_cache_memory_bytes": grow},
+                       {"outcome": "unknown", "kv_cache_tokens": int(tokens * grow / c.pinned) if tokens else None},
+                       f"the pinned arena grows {_h(c.pinned)} → {_h(grow)}: that memory is no longer free for anything else",
+                       "the pinned KV arena is what caps concurrency, and the card had memory free beyond it",
+                       explicit_override="kv_cache_memory_bytes" in c.explicit, score=5,
+                       arithmetic=[f"free at start {_h(free)} - weights {_h(weights)} - graphs - reserve {_h(ACTIVATION_GRAPH_RESERVE)} "
+                                   f"= {_h(room)} available for the arena", f"proposed: min(2 x {_h(c.pinned)}, that) = {_h(grow)}"])
+            lv["cause"] = True
+            out.append(lv)
     out.append(lever("kv_cache_dtype", {"kv_cache_dtype": "fp8"},
                      {"outcome": "unknown", "kv_cache_tokens": int(tokens * 2) if tokens else None},
                      "fp8 KV cache: quality risk without calibrated scales", "twice the tokens in the same bytes",
@@ -452,7 +459,6 @@ def gen_preemption(c: Ctx) -> list[dict]:
                      explicit_override="max_num_seqs" in c.explicit, score=10 if "max_num_seqs" not in c.explicit else 25))
     out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, int(c.setting("max_num_batched_tokens", 8192) or 8192) // 2)},
                      {"outcome": "unknown"}, "smaller prefill chunks", "less KV claimed per step by prefills", score=40))
-    del running_cap, tl
     return out
 
 

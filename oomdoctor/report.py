@@ -68,6 +68,15 @@ def render(card: dict, card_path: str | None, file=None) -> None:
             src = card.get("numbers_source", {}).get(k)
             t.add_row(Text(k), Text(_fmt_num(k, v)), f"line {src}" if src else "")
         con.print(t)
+    rt = card.get("runtime") or {}
+    if rt.get("timeline"):
+        from oomdoctor.timeline import render_text
+
+        con.print(Text(render_text(rt, width=60)))
+    if card.get("snapshot"):
+        sn = card["snapshot"].get("total", {})
+        con.print(Text("snapshot: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in sn.items()
+                                                 if k.endswith("_bytes") and isinstance(v, int))[:400]))
     dev = card["device"]
     if dev.get("status") == "captured":
         for g in dev.get("gpus", []):

@@ -18,7 +18,8 @@ from typing import Any, Callable
 KV_PRESSURE_PERCENT = 95.0
 PRESSURE_MIN_SAMPLES = 2
 MAX_SAMPLES = 4096
-PREEMPTION_LEVERS = ["max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len"]
+PREEMPTION_LEVERS = ["kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "gpu_memory_utilization",
+                     "max_model_len"]
 REJECTION_LEVERS = ["admission_queue", "max_model_len", "max_num_seqs", "kv_cache_dtype"]
 
 METRIC_RE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+0-9.eE]+|NaN|\+Inf|-Inf)\s*(?:\d+)?$")

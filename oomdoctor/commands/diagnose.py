@@ -38,10 +38,29 @@ def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | Non
         log_device=log_device_statements(nums, diag.numbers_source),
         workload=wl,
         levers=levers,
-        runtime=diag.runtime,
+        runtime=card_runtime(diag.runtime),
         notes=list(diag.notes) + list(extra_notes or []),
     )
     return c.to_dict()
+
+
+CARD_TIMELINE_SAMPLES = 240
+
+
+def card_runtime(summary: dict) -> dict:
+    """The runtime summary as the card keeps it: the preemption episodes, and at most 240 timeline samples."""
+    if not summary:
+        return {}
+    from oomdoctor.timeline import episodes
+
+    out = dict(summary)
+    tl = summary.get("timeline") or []
+    if len(tl) > CARD_TIMELINE_SAMPLES:
+        step = -(-len(tl) // CARD_TIMELINE_SAMPLES)
+        out["timeline"] = tl[::step]
+        out["timeline_downsampled_from"] = len(tl)
+    out["episodes"] = episodes(summary)
+    return out
 
 
 @click.command("diagnose")
@@ -56,12 +75,15 @@ def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | Non
               help="A saved Prometheus /metrics text (file), or a URL on this machine, for preemption counters.")
 @click.option("--snapshot", "snapshot", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="A PyTorch memory snapshot (.pickle) to add as evidence.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Draw the KV-usage / waiting / preemption timeline of a serving log as a PNG (needs matplotlib).")
 @click.option("--no-device", is_flag=True, help="Do not query NVML (device state is recorded as not captured).")
 @click.option("--rules", "rules_path", type=click.Path(path_type=Path), default=None, help="Rules folder.")
 @click.option("--scanner", type=click.Choice(["auto", "grep", "python"]), default="auto", show_default=True,
               help="How lines are pre-filtered: grep (fast) or pure Python.")
 def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: str | None, engine_version: str | None,
-            metrics: str | None, snapshot: Path | None, no_device: bool, rules_path: Path | None, scanner: str) -> int:
+            metrics: str | None, snapshot: Path | None, plot_path: Path | None, no_device: bool, rules_path: Path | None,
+            scanner: str) -> int:
     """Classify the memory failure in LOG (plain or .gz) and write an incident card.
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
@@ -84,6 +106,13 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
     if snapshot is not None:
         from oomdoctor.snapshot import analyze_snapshot
         card["snapshot"] = analyze_snapshot(snapshot)
+    if plot_path is not None:
+        from oomdoctor.errors import BadInput
+        from oomdoctor.timeline import plot
+
+        if not (diag.runtime or {}).get("timeline"):
+            raise BadInput(f"--plot: {log} has no scheduler stats lines to draw")
+        plot(diag.runtime, plot_path)
     path = None
     if not no_card:
         path = out if out is not None else default_incidents_dir() / f"{card['id']}.yaml"
