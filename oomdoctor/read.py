@@ -72,11 +72,9 @@ def probe(path: Path) -> tuple[bool, bytes]:
         raise BadInput(f"{path}: is a directory, not a log file")
     gz = is_gzip(path)
     try:
-        if gz:
-            with gzip.open(path, "rb") as f:
-                head = f.read(PROBE_BYTES)
-        else:
-            with _open_raw(path) as f:
+        with (gzip.open(path, "rb") if gz else _open_raw(path)) as f:
+            head = f.read(PROBE_BYTES)
+            while head and not head.strip():      # leading blank lines: look further before calling it empty
                 head = f.read(PROBE_BYTES)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise BadInput(f"{path}: truncated or corrupt gzip file ({e})")
@@ -128,6 +126,7 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
     """
     path = Path(path)
     gz, _ = probe(path)
+    wants_hash = info is not None        # nobody reads the sha256 of a throw-away SourceInfo
     info = info if info is not None else SourceInfo(str(path))
     info.compressed = gz
     raw = HashingReader(_open_raw(path), info)
@@ -151,7 +150,8 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
     finally:
         info.lines = n
         try:
-            raw.finish()
+            if wants_hash:           # an early stop (e.g. reading only the header) must not read the whole file
+                raw.finish()
         finally:
             stream.close()
 
