@@ -8,7 +8,10 @@ Handles what engines put around their messages: ANSI colour codes, a trailing ``
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
+
+_intern = sys.intern
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -25,7 +28,7 @@ SGLANG_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: (?P<proc>(
 RANK_RE = re.compile(r"(?:TP|rank[ =_]?)(\d+)", re.I)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogLine:
     n: int                 # 1-based line number in the file
     text: str              # the whole line, decoded, ANSI and trailing \r removed
@@ -66,9 +69,12 @@ def parse_line(n: int, raw: bytes | str) -> LogLine:
     msg = m.group("msg")
     if not m.group("proc") and not m.group("level"):
         msg = text  # nothing recognised: keep the line whole (vprefix is empty then anyway)
+    proc, pid, level, ts, file, src_line = m.group("proc", "pid", "level", "ts", "file", "line")
+    # the process, pid, level and source of a line repeat thousands of times in a serving log:
+    # one shared string each keeps the matches held in memory small
     return LogLine(
         n, text, msg.rstrip("\r"),
-        proc=m.group("proc") or "", pid=m.group("pid") or "",
-        level=m.group("level") or "", ts=m.group("ts") or "",
-        src=f"{m.group('file')}:{m.group('line')}" if m.group("file") else "",
+        proc=_intern(proc) if proc else "", pid=_intern(pid) if pid else "",
+        level=_intern(level) if level else "", ts=ts or "",
+        src=_intern(f"{file}:{src_line}") if file else "",
     )
