@@ -1,0 +1,68 @@
+"""Shared test helpers: where the real fixture logs are, and running the CLI in-process."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
+
+
+@dataclass
+class CliResult:
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+    @property
+    def err_lines(self) -> list[str]:
+        return self.err.splitlines()
+
+
+def invoke(*args, env: dict | None = None) -> CliResult:
+    """``oomdoctor ARGS`` in this process (``oomdoctor.cli.main``), its exit code and output.
+    Safe inside hypothesis tests: it uses no pytest fixture."""
+    from oomdoctor.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+                rc = 0
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return CliResult(rc, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def cli(tmp_path_factory):
+    """``cli("diagnose", log, "--json", ...)`` → CliResult; cards without --out go to a temp dir."""
+    incidents = str(tmp_path_factory.mktemp("incidents"))
+
+    def run(*args) -> CliResult:
+        return invoke(*args, env={"OOMDOCTOR_INCIDENTS": incidents})
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
