@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from oomdoctor.errors import BadInput
+from oomdoctor.fingerprint import memory_settings
 
 SCHEMA_ID = "oomdoctor.serving-profiles/v1"
 DEFAULT_SAFETY_FACTOR = 0.98
@@ -165,6 +166,9 @@ def read_ladder(path: Path, profile_name: str | None = None) -> dict:
         raise BadInput(f"{path}: the ladder section has no pass point ({' / '.join(LADDER_PASS_KEYS)})")
     eng = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
     out.setdefault("engine_version", eng.get("version"))
+    ec = lad.get("effective_config")
+    if isinstance(ec, dict) and isinstance(ec.get("settings"), dict):
+        out["measured_settings"] = dict(ec["settings"])     # what the ladder really ran (fingerprint's names)
     return out
 
 
@@ -275,6 +279,14 @@ def parse_profiles(doc: Any, path: str | None = None) -> ProfileSet:
         decl = p.get("declared_free_bytes")
         decl = _size(decl, f"{pw}.declared_free_bytes") if decl is not None else None
         m, status, reason = _measured(name, p.get("measured"), req, base, pw)
+        if status == "measured" and m and m.get("measured_settings") is not None:
+            mine = memory_settings({**settings, **({WINDOW_FIELD: window} if window is not None else {})})
+            theirs = m["measured_settings"]
+            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if diff:
+                status, reason = "invalid", ("the receipt's ladder measured another config (" + ", ".join(
+                    f"{k}: profile {mine.get(k, '(default)')!r} vs ladder {theirs.get(k, '(default)')!r}" for k in diff)
+                    + "): its threshold says nothing about this profile")
         if status == "measured" and req is None:
             req = m["pass_free_bytes"]        # the receipt's pass point is the requirement
         if status != "measured" and req is not None and decl is None:

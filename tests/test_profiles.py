@@ -296,3 +296,24 @@ def test_cli_dry_run(tmp_path, capsys):
     assert rc == 0 and "ELIGIBLE" in out and "max_model_len default None -> 393216" in out
     rc = prof.main([str(f), "--free", "23461298176", "--total", str(TOTAL), "--json"])
     assert rc == 1 and json.loads(capsys.readouterr().out)["selected"] is None
+
+
+def test_a_ladder_of_another_config_does_not_measure_a_profile(tmp_path) -> None:
+    """The receipt must have measured THIS profile's settings (here: the real H200 ladder of a 3e9 arena)."""
+    import shutil as _sh
+    from pathlib import Path as _P
+
+    from oomdoctor.profiles import load_profiles
+
+    root = _P(__file__).resolve().parents[1]
+    (tmp_path / "incidents" / "ladder").mkdir(parents=True)
+    _sh.copy(root / "incidents" / "ladder" / "ladder1.yaml", tmp_path / "incidents" / "ladder" / "ladder1.yaml")
+    good = (root / "examples" / "profiles" / "gpu-kit-llama-h200.yaml").read_text()
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    p = tmp_path / "a" / "b" / "p.yaml"
+    p.write_text(good)
+    ok = {x.name: x for x in load_profiles(p).profiles}["short_32k"]
+    assert ok.status == "measured" and ok.requires_free_bytes == 8322678784
+    p.write_text(good.replace("kv_cache_memory_bytes: 3000000000", "kv_cache_memory_bytes: 4000000000"))
+    bad = {x.name: x for x in load_profiles(p).profiles}["short_32k"]
+    assert bad.status == "invalid" and "another config" in bad.status_reason and bad.requires_free_bytes is None

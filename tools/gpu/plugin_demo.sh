@@ -220,9 +220,15 @@ mem_back
 
 # ---- (c) the same flagless start with measured profiles
 say "(c) flagless start again, ${BALLAST_FREE} B free, OOMDOCTOR_PROFILES set"
-write_profiles "$OUT/profiles.yaml"
 EXTRA=()
-if [ -z "${LADDER_CARD:-}" ] && [ -z "${REQ_262K:-}" ]; then
+if [ -n "${PROFILES_FILE:-}" ]; then      # a ready profile file whose profiles name their own ladder receipts
+  cp "$PROFILES_FILE" "$OUT/profiles.yaml"
+  sed -i "s#receipt: \.\./\.\./#receipt: $ROOT/#" "$OUT/profiles.yaml"
+  "$PY" -m oomdoctor.profiles "$OUT/profiles.yaml" --free "$BALLAST_FREE" --total "$(nvml | cut -d' ' -f2)" | head -8
+else
+  write_profiles "$OUT/profiles.yaml"
+fi
+if [ -z "${PROFILES_FILE:-}" ] && [ -z "${LADDER_CARD:-}" ] && [ -z "${REQ_262K:-}" ]; then
   echo "!!! no ladder result given (LADDER_CARD or REQ_262K): profiles are UNMEASURED; running with"
   echo "!!! OOMDOCTOR_PROFILE_ALLOW_UNMEASURED=1 on their DECLARED figures — a demo of the mechanism, not a measurement"
   EXTRA=(OOMDOCTOR_PROFILE_ALLOW_UNMEASURED=1)
