@@ -316,11 +316,12 @@ def run_engine(p: Plan, log_path: Path, gpu_index: int, timeout_s: float, progre
             else:
                 rc = eng.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
                 timed_out = rc is None
-                served = rc == 0 and perf is not None and perf.get("served") == perf.get("requests")
         finally:
-            rc_final = eng.stop()
+            rc_final = eng.stop()          # joins the output reader: every line (the result too) is seen after this
             if ballast is not None:
                 ballast.stop()
+        if not port:
+            served = rc == 0 and perf is not None and perf.get("served") == perf.get("requests")
         if timed_out:
             notes.append(f"timed out after {timeout_s:.0f} s; the process group was ended")
     return RunResult(rc if not port else rc_final, timed_out, time.monotonic() - t0, log_path, perf, served, ballast_info, notes,
