@@ -418,8 +418,15 @@ def gen_runtime_oom(c: Ctx) -> list[dict]:
                          {"outcome": "fits"}, "none measurable in most workloads",
                          "reserved-but-unallocated memory exceeds the failed request: fragmentation", applies_as="env", score=5))
     mnbt = int(c.setting("max_num_batched_tokens", 8192) or 8192)
+    shape = []
+    if c.n.get("oom_request_prompt_tokens") is not None:
+        shape.append(f"the engine died running a request of {c.n['oom_request_prompt_tokens']:,} prompt tokens"
+                     + (f" among {c.n['oom_running_requests']} running, {c.n.get('oom_waiting_requests', 0)} waiting"
+                        if c.n.get("oom_running_requests") is not None else ""))
     out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, mnbt // 2)}, {"outcome": "unknown"},
-                     "smaller prefill chunks", "the largest batch's activations ran out", score=10))
+                     "smaller prefill chunks", "the largest batch's activations ran out", score=10,
+                     arithmetic=shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
+                                         "halves the activation peak of the largest prefill step"]))
     out.append(lever("max_num_seqs", {"max_num_seqs": max(8, int(c.setting("max_num_seqs", 256) or 256) // 2)},
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:
@@ -470,11 +477,18 @@ def gen_rejection(c: Ctx) -> list[dict]:
         tokens = c.n.get("kv_cache_tokens")
         new = int(math.ceil(asked / 1024) * 1024)
         ok = tokens is None or new <= tokens
+        ar = [f"rejected request: {c.n.get('rejected_prompt_tokens', 0):,} prompt + {c.n.get('rejected_output_tokens', 0):,} "
+              f"output = {asked:,} tokens > window {int(mml):,}"]
+        kv_bytes = c.n.get("kv_cache_memory_bytes") or c.n.get("kv_available_bytes")
+        if tokens and kv_bytes:
+            bpt = kv_bytes / tokens
+            ar.append(f"KV per token ≈ {_h(kv_bytes)} / {int(tokens):,} tokens = {bpt:,.0f} B; this request needs "
+                      f"{asked:,} x {bpt:,.0f} B = {_h(asked * bpt)} of a {_h(kv_bytes)} cache")
         out.append(lever("max_model_len", {"max_model_len": new},
                          {"outcome": "fits" if ok else "short", "kv_cache_tokens": tokens},
                          f"window {int(mml):,} → {new:,}: fewer full-length sequences fit at once",
                          "the rejected request needs prompt + output tokens", explicit_override="max_model_len" in c.explicit,
-                         arithmetic=[f"rejected request: {asked:,} tokens > window {int(mml):,}"], score=10 if ok else 50))
+                         arithmetic=ar, score=10 if ok else 50))
     out.append(lever("admission_queue", {"admission_queue": True}, {"outcome": "unknown"},
                      "requests wait instead of failing; latency grows under load",
                      "queue with a deadline derived from measured request durations", applies_as="server", score=20))
