@@ -265,6 +265,13 @@ def pinned_arena_lever(c: Ctx, reserve: int, why: str, score: float) -> dict | N
         score=score)
 
 
+def util_step_down(c: Ctx, why: str, score: float) -> dict:
+    """Lower utilization by 3 % of total: room for memory the budget did not count (never with a pinned arena)."""
+    return lever("gpu_memory_utilization", {"gpu_memory_utilization": round(max(0.05, c.util - 0.03), 2)},
+                 {"outcome": "unknown"}, "a smaller KV cache (3 % of total memory)", why,
+                 explicit_override="gpu_memory_utilization" in c.explicit, score=score)
+
+
 def larger_gpu(c: Ctx, need: int | None, score: float = 99) -> dict:
     return lever("larger_gpu", {"gpu_memory_at_least_bytes": need} if need else {},
                  {"outcome": "fits" if need else "unknown"},
@@ -362,9 +369,7 @@ def gen_cuda_graph(c: Ctx) -> list[dict]:
     if p:
         out.append(p)
     elif not c.pinned:
-        out.append(lever("gpu_memory_utilization", {"gpu_memory_utilization": round(max(0.05, c.util - 0.03), 2)},
-                         {"outcome": "unknown"}, "a smaller KV cache (3 % of total memory)",
-                         "graph memory that profiling did not estimate must fit outside the budget", score=20))
+        out.append(util_step_down(c, "graph memory that profiling did not estimate must fit outside the budget", 20))
     out.append(lever("cuda_graph_sizes", {"max_cudagraph_capture_size": 64}, {"outcome": "unknown"},
                      "graphs only for batches up to 64 sequences; larger batches run eagerly", "fewer, smaller graphs", score=30))
     out.append(larger_gpu(c, None))
@@ -378,8 +383,7 @@ def gen_sampler(c: Ctx) -> list[dict]:
                  f"at most {new} concurrent sequences instead of {mns}", "the warm-up runs max_num_seqs dummy requests",
                  explicit_override="max_num_seqs" in c.explicit, score=10)]
     if not c.pinned:
-        out.append(lever("gpu_memory_utilization", {"gpu_memory_utilization": round(max(0.05, c.util - 0.03), 2)},
-                         {"outcome": "unknown"}, "a smaller KV cache", "leave room after the KV cache", score=30))
+        out.append(util_step_down(c, "leave room after the KV cache", 30))
     out.append(larger_gpu(c, None))
     return out
 
@@ -430,8 +434,7 @@ def gen_runtime_oom(c: Ctx) -> list[dict]:
     out.append(lever("max_num_seqs", {"max_num_seqs": max(8, int(c.setting("max_num_seqs", 256) or 256) // 2)},
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:
-        out.append(lever("gpu_memory_utilization", {"gpu_memory_utilization": round(max(0.05, c.util - 0.03), 2)},
-                         {"outcome": "unknown"}, "a smaller KV cache", "room outside the budget", score=30))
+        out.append(util_step_down(c, "room outside the budget", 30))
     out.append(lever("expandable_segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, {"outcome": "unknown"},
                      "none measurable in most workloads", "allocator tuning, only after sizing causes", applies_as="env", score=60))
     return _dedupe(out)

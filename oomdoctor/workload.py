@@ -171,19 +171,3 @@ def _shlex_ok(s: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def argv_for(wl: dict[str, Any]) -> list[str]:
-    """The engine command line of a ``vllm-serve`` workload (argv list, never a shell string)."""
-    if wl.get("argv"):
-        return list(wl["argv"])
-    args = ["vllm", "serve", str(wl.get("model"))]
-    for k, v in sorted((wl.get("engine_args") or {}).items()):
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            args.append(flag if v else "--no-" + k.replace("_", "-"))
-        elif isinstance(v, (dict, list)):
-            args += [flag, json.dumps(v)]
-        elif v is not None:
-            args += [flag, str(v)]
-    return args
