@@ -170,14 +170,20 @@ def dumps(d: dict) -> str:
 
 def atomic_write(path: Path, text: str) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    except OSError as e:
+        raise CardError(f"{path}: the card cannot be written ({e.strerror or e})")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise CardError(f"{path}: the card cannot be written ({e.strerror or e})")
         with contextlib.suppress(OSError):
             dfd = os.open(str(path.parent), os.O_RDONLY)
             try:
@@ -224,8 +230,12 @@ def load(path: str | os.PathLike) -> Card:
 @contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[None]:
     lock = Path(str(path) + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as f:
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "w")
+    except OSError as e:
+        raise CardError(f"{path}: the card cannot be locked for writing ({e.strerror or e})")
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -284,7 +284,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     if eng is None:
         notes.append("no engine recognised in the log; rules of every engine were tried")
     keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
-    runtime.filter(lambda mt: (eng is None or mt.rule.engine == eng) and mt.rule.applies_to(ver))
+    runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
     if metrics_text is not None:
         runtime.add_metrics(metrics_text)
 

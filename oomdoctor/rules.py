@@ -324,7 +324,7 @@ def _load_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise RuleError(f"{path}: cannot be read ({e})")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -372,9 +372,11 @@ def default_rules(root: str | Path | None = None) -> RuleSet:
 
 
 def anchors_of(rules: Iterable[Rule], engines: Iterable[EngineSpec] = ()) -> set[bytes]:
+    """What the scanner looks for: every pattern's anchor and the version lines. Engine detection strings are
+    NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
+    such as a process prefix, would otherwise send the whole log through Python)."""
     out = {p.anchor.encode() for r in rules for p in r.patterns}
     for e in engines:
-        out.update(s.encode() for s in e.detect)
         for vp in e.version_patterns:
             a = derive_anchor(vp.pattern)
             if a:

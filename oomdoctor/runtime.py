@@ -36,8 +36,11 @@ class Sample:
 
 
 class RuntimeTracker:
+    """Folds signal matches as they stream by, in one bucket per (engine, rule versions), so that memory stays
+    bounded on logs of any length; ``select`` keeps the buckets of the engine and version finally detected."""
+
     def __init__(self) -> None:
-        self._matches: list = []
+        self._buckets: dict[tuple, "RuntimeTracker"] = {}
         self.samples: list[Sample] = []
         self._stride = 1
         self._seen = 0
@@ -53,14 +56,35 @@ class RuntimeTracker:
 
     # -- collection -----------------------------------------------------------------
     def add(self, m) -> None:
-        self._matches.append(m)
+        key = (m.rule.engine, m.rule.versions)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = RuntimeTracker()
+        b._fold(m)
 
-    def filter(self, keep: Callable[[Any], bool]) -> None:
-        """Apply the engine/version filter, then fold the kept signal matches into the summary."""
-        for m in self._matches:
-            if keep(m):
-                self._fold(m)
-        self._matches = []
+    def select(self, keep: Callable[[str, str | None], bool]) -> None:
+        """Merge the buckets whose (engine, versions) ``keep`` admits; drop the others."""
+        chosen = [b for (eng, vers), b in self._buckets.items() if keep(eng, vers)]
+        self._buckets = {}
+        for b in chosen:
+            self.preemption_events += b.preemption_events
+            if b.preemption_cumulative is not None:
+                self.preemption_cumulative = max(self.preemption_cumulative or 0, b.preemption_cumulative)
+            self.rejection_count += b.rejection_count
+            self.rejections = sorted(self.rejections + b.rejections, key=lambda r: r.n)[:20]
+            self.pressure_samples += b.pressure_samples
+            if b.first_pressure is not None:
+                self.first_pressure = min(self.first_pressure or b.first_pressure, b.first_pressure)
+            if b.max_kv_usage is not None:
+                self.max_kv_usage = max(self.max_kv_usage or 0.0, b.max_kv_usage)
+            if b.max_waiting is not None:
+                self.max_waiting = max(self.max_waiting or 0, b.max_waiting)
+            self._seen += b._seen
+            self.samples = sorted(self.samples + b.samples, key=lambda x: x.line)
+            self._stride = max(self._stride, b._stride)
+        while len(self.samples) >= MAX_SAMPLES:
+            self.samples = self.samples[::2]
+            self._stride *= 2
 
     def _fold(self, m) -> None:
         nums = m.numbers

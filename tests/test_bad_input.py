@@ -123,9 +123,6 @@ def test_missing_file(cli, tmp_path):
     one_line_error(run(cli, tmp_path / "nope.log"), contains="no such file")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (oomdoctor/commands/diagnose.py / cli.py, not this suite's files): "
-                   "click's Path(dir_okay=False) rejects a directory with a 4-line usage message 'Error: Invalid "
-                   "value for LOG ...', not one 'oomdoctor: error:' line")
 def test_directory(cli, tmp_path):
     one_line_error(run(cli, tmp_path), contains="directory")
 

@@ -247,8 +247,6 @@ def _one_line_error(r) -> None:
     assert "Traceback" not in r.err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (oomdoctor/card.py atomic_write / commands/diagnose.py, not this suite's "
-                   "files): an OSError while writing the card escapes as 'oomdoctor: internal error: ...' exit 70")
 def test_card_under_a_regular_file_is_a_one_line_error(cli, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
@@ -257,8 +255,6 @@ def test_card_under_a_regular_file_is_a_one_line_error(cli, tmp_path):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a read-only directory")
-@pytest.mark.xfail(strict=True, reason="BUG (oomdoctor/card.py atomic_write / commands/diagnose.py): PermissionError "
-                   "while writing the card escapes as 'oomdoctor: internal error: ...' exit 70")
 def test_card_in_a_read_only_dir_is_a_one_line_error(cli, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -64,7 +64,7 @@ def card_runtime(summary: dict) -> dict:
 
 
 @click.command("diagnose")
-@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("log", type=click.Path(path_type=Path))
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None,
               help="Where to write the incident card (default: incidents/<id>.yaml).")
 @click.option("--no-card", is_flag=True, help="Do not write a card.")
