@@ -30,6 +30,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
     }
     if card.get("runtime"):
         out["runtime"] = {k: v for k, v in card["runtime"].items() if k != "timeline"}
+    if card.get("model_check"):
+        out["model_check"] = card["model_check"]
     return out
 
 
@@ -101,6 +103,12 @@ def render(card: dict, card_path: str | None, file=None) -> None:
             con.print("[bold]Arithmetic for lever #1[/]")
             for a in first["arithmetic"]:
                 con.print(Text(f"  · {a}"))
+    mc = card.get("model_check")
+    if mc:
+        rc = mc["recorded_config"]
+        con.print(Text(f"memory model ({mc['model']}): the recorded config "
+                       + ("fits" if rc.get("fits") else f"fails with {rc.get('failure')}")
+                       + (" — agrees with the log" if mc.get("agrees_with_log") else " — DISAGREES with the log")))
     for n in card.get("notes", []):
         con.print(Text(f"note: {n}", style="dim"))
     if card_path:

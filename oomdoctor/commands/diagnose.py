@@ -77,13 +77,17 @@ def card_runtime(summary: dict) -> dict:
               help="A PyTorch memory snapshot (.pickle) to add as evidence.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Draw the KV-usage / waiting / preemption timeline of a serving log as a PNG (needs matplotlib).")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="The model's directory (config.json, safetensors): the memory model checks the recorded config and "
+                   "predicts each lever.")
+@click.option("--gpu-memory", default=None, help="With --model: the GPU's total memory when the log does not state it.")
 @click.option("--no-device", is_flag=True, help="Do not query NVML (device state is recorded as not captured).")
 @click.option("--rules", "rules_path", type=click.Path(path_type=Path), default=None, help="Rules folder.")
 @click.option("--scanner", type=click.Choice(["auto", "grep", "python"]), default="auto", show_default=True,
               help="How lines are pre-filtered: grep (fast) or pure Python.")
 def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: str | None, engine_version: str | None,
-            metrics: str | None, snapshot: Path | None, plot_path: Path | None, no_device: bool, rules_path: Path | None,
-            scanner: str) -> int:
+            metrics: str | None, snapshot: Path | None, plot_path: Path | None, model_dir: Path | None,
+            gpu_memory: str | None, no_device: bool, rules_path: Path | None, scanner: str) -> int:
     """Classify the memory failure in LOG (plain or .gz) and write an incident card.
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
@@ -106,6 +110,10 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
     if snapshot is not None:
         from oomdoctor.snapshot import analyze_snapshot
         card["snapshot"] = analyze_snapshot(snapshot)
+    if model_dir is not None:
+        from oomdoctor.modelcheck import check
+
+        check(card, str(model_dir), gpu_memory)
     if plot_path is not None:
         from oomdoctor.errors import BadInput
         from oomdoctor.timeline import plot

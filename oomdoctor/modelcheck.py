@@ -1,0 +1,78 @@
+"""The memory model (``oomdoctor.memory`` through ``plan``) applied to an incident: does the model's arithmetic
+reproduce the recorded failure, and what does it predict for each lever? Used by ``diagnose --model DIR``."""
+from __future__ import annotations
+
+from typing import Any
+
+from oomdoctor.errors import BadInput
+
+PLAN_ARGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens",
+             "kv_cache_memory_bytes", "tensor_parallel_size", "enforce_eager")
+CUDA_CONTEXT_BYTES = 512 << 20
+
+
+def _settings(card: dict) -> dict[str, Any]:
+    wl = card.get("workload") or {}
+    out: dict[str, Any] = {}
+    for src in (wl.get("resolved") or {}, wl.get("engine_args") or {}):
+        for k in PLAN_ARGS:
+            if src.get(k) is not None:
+                out[k] = src[k]
+    return out
+
+
+def _device(card: dict, gpu_memory: str | int | None) -> tuple[Any, int | None]:
+    wl, n = card.get("workload") or {}, card.get("numbers") or {}
+    total: Any = gpu_memory or wl.get("gpu_total_bytes")
+    if total is None and n.get("gpu_total_bytes"):
+        total = int(n["gpu_total_bytes"])          # the engine's figure (torch's total, a little below NVML's)
+    if total is None:
+        for g in (card.get("device") or {}).get("gpus", []):
+            total = g["total_bytes"]
+            break
+    free = wl.get("free_at_start_bytes")
+    if free is None and n.get("free_at_start_bytes"):
+        free = int(n["free_at_start_bytes"]) + CUDA_CONTEXT_BYTES
+    return total, free
+
+
+def _short(result: dict) -> dict:
+    out = {"fits": result["fits"], "kv_tokens": result.get("kv_tokens"),
+           "max_concurrency": result.get("max_concurrency"), "available_kv_bytes": result.get("available_kv_bytes")}
+    if result.get("failure"):
+        out["failure"] = result["failure"]["class"]
+        out["reason"] = result["failure"].get("reason")
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def check(card: dict, model_dir: str, gpu_memory: str | int | None = None) -> dict:
+    """Attach the model's predictions to ``card`` (``model_check`` and ``levers[i].predicted.model``); returns the
+    model_check section. BadInput when the device size is unknown or the model directory is unusable."""
+    from oomdoctor.commands.plan import plan
+
+    total, free = _device(card, gpu_memory)
+    if total is None:
+        raise BadInput("--model: the GPU's total memory is not in the log or the card; give --gpu-memory (e.g. h200)")
+    base = _settings(card)
+    ctx = "llm" if (card.get("workload") or {}).get("launcher") == "vllm-llm" else "serve"
+    version = (card.get("engine") or {}).get("version")
+
+    def run(settings: dict) -> dict:
+        return plan(model_dir, total, free=free, engine_version=version, usage_context=ctx, **settings)
+
+    recorded = run(base)
+    section = {"model": model_dir, "gpu_total": total, "free_bytes": free, "settings": base, "usage_context": ctx,
+               "recorded_config": _short(recorded),
+               "agrees_with_log": (not recorded["fits"] and (recorded.get("failure") or {}).get("class")
+                                   == card["classification"]["class"]) if card["classification"]["class"]
+                                  not in ("unknown", "not_memory") else recorded["fits"]}
+    for lv in card.get("levers") or []:
+        change = lv.get("change") or {}
+        if not change or not set(change) <= set(PLAN_ARGS):
+            continue
+        try:
+            lv["predicted"]["model"] = _short(run({**base, **change}))
+        except BadInput as e:
+            lv["predicted"]["model"] = {"error": str(e)}
+    card["model_check"] = section
+    return section

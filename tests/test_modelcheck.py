@@ -1,0 +1,35 @@
+"""diagnose --model: the memory model checks the recorded config against the real log and predicts each lever."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
+LLAMA = ROOT / "fixtures" / "models" / "gpukit-llama-886m"
+
+
+def test_kv_capacity_agrees_and_the_window_lever_fits(cli, tmp_path) -> None:
+    r = cli("diagnose", FX / "A_fail.log", "--no-device", "--model", LLAMA, "--json", "--out", tmp_path / "a.yaml")
+    assert r.rc == 0, r.err
+    d = r.json()
+    mc = d["model_check"]
+    assert mc["recorded_config"]["fits"] is False and mc["recorded_config"]["failure"] == "kv_capacity"
+    assert mc["agrees_with_log"] is True
+    first = d["levers"][0]
+    assert first["id"] == "max_model_len" and first["predicted"]["model"]["fits"] is True
+    util = [lv for lv in d["levers"] if lv["id"] == "gpu_memory_utilization"]
+    assert all(lv["predicted"]["model"]["fits"] is False for lv in util)   # 0.97 cannot hold 244 GiB either
+
+
+def test_free_memory_check_agrees(cli, tmp_path) -> None:
+    r = cli("diagnose", FX / "B_fail.log", "--no-device", "--model", LLAMA, "--json", "--out", tmp_path / "b.yaml")
+    d = r.json()
+    assert d["model_check"]["recorded_config"]["failure"] == "free_memory_below_utilization"
+    assert d["levers"][0]["id"] == "gpu_memory_utilization" and d["levers"][0]["predicted"]["model"]["fits"] is True
+
+
+def test_unknown_gpu_size_is_bad_input(cli, tmp_path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("\n".join(ln for ln in (FX / "A_fail.log").read_text().splitlines() if not ln.startswith("# ")))
+    r = cli("diagnose", log, "--no-device", "--model", LLAMA, "--out", tmp_path / "c.yaml")
+    assert r.rc == 2 and "--gpu-memory" in r.err
