@@ -236,9 +236,6 @@ def class_of(m: Match, phase: str | None) -> tuple[str | None, str | None]:
     if phase and phase in r.class_by_phase:
         k = r.class_by_phase[phase]
         return k, contract.CLASSES[k]["phase"]
-    if "*" in r.class_by_phase:  # pragma: no cover - '*' is not a contract phase; kept for clarity
-        k = r.class_by_phase["*"]
-        return k, contract.CLASSES[k]["phase"]
     return None, phase
 
 

@@ -34,7 +34,7 @@ from oomdoctor.errors import BadInput, OomdoctorError
 from oomdoctor.fingerprint import effective_config, fingerprint
 from oomdoctor.paths import SOURCE_ROOT
 from oomdoctor.procs import Group, cleanup_on_signals, python, wait_memory_back
-from oomdoctor.redact import redact_argv, redact_env
+from oomdoctor.redact import MASK, redact_argv, redact_env
 from oomdoctor.units import NAMED_CARDS, human_bytes, parse_size
 
 GiB = 1 << 30
@@ -196,7 +196,7 @@ def plan(card: dict, lever: dict, emulate: str | None, gpu_index: int, no_emulat
         desc.append("no change: reproduce the recorded failure")
     if wl.get("emulate_free_bytes"):
         desc.append(f"free memory at start reproduced with a ballast: {human_bytes(wl['emulate_free_bytes'])} ({target_src})")
-    env = {k: str(v) for k, v in (wl.get("env") or {}).items() if v != "***REDACTED***"}
+    env = {k: str(v) for k, v in (wl.get("env") or {}).items() if v != MASK}
     tdev = None
     if emulate and emulate.lower().replace("_", "") in NAMED_CARDS:
         tdev = emulate.lower().replace("_", "")
