@@ -60,7 +60,12 @@ def looks_binary(sample: bytes) -> bool:
     if b"\x00" in sample:
         return True
     ctrl = sum(1 for b in sample if b < 32 and b not in (9, 10, 13, 27, 12, 8))
-    return ctrl / len(sample) > 0.10
+    if ctrl / len(sample) > 0.10:
+        return True
+    # random bytes: about half of them are >= 0x80 and almost none form valid UTF-8; a log in latin-1 or with
+    # a few broken characters has a small share of them
+    bad = sample.decode("utf-8", errors="replace").count("\ufffd")
+    return bad / len(sample) > 0.35
 
 
 def probe(path: Path) -> tuple[bool, bytes]:

@@ -139,3 +139,9 @@ def test_text_with_colours_tabs_and_utf8_is_not_binary():
     assert not looks_binary(b"\xff\xfe latin-1 \xe9t\xe9\n" * 100)
     assert looks_binary(b"\x00")
     assert not looks_binary(b"")
+
+
+def test_random_bytes_without_nul_are_binary():
+    import random
+    data = bytes(random.Random(1).randrange(1, 256) for _ in range(4096))
+    assert looks_binary(data)
