@@ -143,5 +143,6 @@ def test_text_with_colours_tabs_and_utf8_is_not_binary():
 
 def test_random_bytes_without_nul_are_binary():
     import random
-    data = bytes(random.Random(1).randrange(1, 256) for _ in range(4096))
+    rng = random.Random(1)
+    data = bytes(rng.randrange(1, 256) for _ in range(4096))
     assert looks_binary(data)
