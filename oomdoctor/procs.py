@@ -104,8 +104,10 @@ class Group:
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
+        from oomdoctor.redact import redact_text
+
         for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
+            line = redact_text(raw.decode("utf-8", errors="replace"))   # keys in argv dumps never reach the file
             if self._log:
                 self._log.write(line)
                 self._log.flush()

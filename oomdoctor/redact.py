@@ -14,14 +14,14 @@ TOKEN_PATTERNS = [
     re.compile(r"\bxox[baprs]-[A-Za-z0-9\-]{10,}\b"),               # Slack
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),                            # AWS access key id
     re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._\-]{16,}"),
-    re.compile(r"(?i)((?:api[_-]?key|token|secret|password)\s*[=:]\s*)['\"]?[^\s'\",}]{6,}"),
+    re.compile(r"(?i)((?:api[_-]?key|token|secret|password)['\"]?\s*[=:]\s*['\"]?)[^\s'\",}]{6,}"),
 ]
 
 
 def redact_text(s: str) -> str:
     for rx in TOKEN_PATTERNS:
         if rx.groups:
-            s = rx.sub(lambda m: m.group(1) + ("" if m.group(1).endswith((" ", "=", ":")) else " ") + MASK, s)
+            s = rx.sub(lambda m: m.group(1) + ("" if m.group(1).endswith((" ", "=", ":", "'", '"')) else " ") + MASK, s)
         else:
             s = rx.sub(MASK, s)
     return s
