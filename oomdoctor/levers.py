@@ -13,6 +13,7 @@ come from real incidents (../shared/INCIDENTS.md):
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 from oomdoctor.units import human_bytes
@@ -89,6 +90,20 @@ class Ctx:
         if self.n.get("other_process_bytes"):
             out.append({"pid": self.n.get("other_process_pid"), "used_bytes": int(self.n["other_process_bytes"]),
                         "source": "the OOM message in the log"})
+            return out
+        if self.device.get("status") == "captured":
+            idx = int(self.n.get("oom_gpu_index", 0))
+            for g in self.device.get("gpus", []):
+                if g.get("index") != idx:
+                    continue
+                for p in g.get("processes") or []:
+                    if p.get("pid") == os.getpid() or not p.get("used_bytes"):
+                        continue
+                    name = p.get("name") or ""
+                    leftover = any(k in name for k in ("vllm", "EngineCore", "sglang", "llama-server"))
+                    out.append({"pid": p["pid"], "used_bytes": int(p["used_bytes"]), "name": name[:120],
+                                "source": f"NVML now on this machine, GPU {idx}"
+                                          + (" (looks like a leftover engine)" if leftover else "")})
         return out
 
     def tried(self, lever_id: str, change: dict) -> bool:
