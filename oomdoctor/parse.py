@@ -14,6 +14,7 @@ from dataclasses import dataclass
 _intern = sys.intern
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI_BYTES_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
 # vllm-messages.md §2.2, extended with the DEBUG-mode relative file paths.
 VLLM_RE = re.compile(
@@ -53,10 +54,9 @@ class LogLine:
 
 
 def decode(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace")
-    if "\x1b" in text:
-        text = ANSI_RE.sub("", text)
-    return text.rstrip("\r\n")
+    if b"\x1b" in raw:        # strip colour codes before decoding: one inside a UTF-8 sequence must not break it
+        raw = ANSI_BYTES_RE.sub(b"", raw)
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 def parse_line(n: int, raw: bytes | str) -> LogLine:
