@@ -287,6 +287,13 @@ def util_step_down(c: Ctx, why: str, score: float) -> dict:
                  explicit_override="gpu_memory_utilization" in c.explicit, score=score)
 
 
+def batch_halved(c: Ctx, cost: str, why: str, score: float, arithmetic: list[str] | None = None) -> dict:
+    """Halve max_num_batched_tokens (at least 512): the activation peak of the largest step scales with it."""
+    mnbt = int(c.setting("max_num_batched_tokens", 8192) or 8192)
+    return lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, mnbt // 2)}, {"outcome": "unknown"},
+                 cost, why, explicit_override="max_num_batched_tokens" in c.explicit, arithmetic=arithmetic, score=score)
+
+
 def larger_gpu(c: Ctx, need: int | None, score: float = 99) -> dict:
     return lever("larger_gpu", {"gpu_memory_at_least_bytes": need} if need else {},
                  {"outcome": "fits" if need else "unknown"},
@@ -404,11 +411,8 @@ def gen_sampler(c: Ctx) -> list[dict]:
 
 
 def gen_profiling(c: Ctx) -> list[dict]:
-    mnbt = int(c.setting("max_num_batched_tokens", 8192) or 8192)
-    out = [lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, mnbt // 2)}, {"outcome": "unknown"},
-                 "prefills are split into smaller chunks (lower prefill throughput)",
-                 "the profiling forward pass runs max_num_batched_tokens tokens; its activation peak scales with it",
-                 explicit_override="max_num_batched_tokens" in c.explicit, score=10),
+    out = [batch_halved(c, "prefills are split into smaller chunks (lower prefill throughput)",
+                        "the profiling forward pass runs max_num_batched_tokens tokens; its activation peak scales with it", 10),
            lever("skip_mm_profiling", {"skip_mm_profiling": True}, {"outcome": "unknown"},
                  "multimodal encoder memory is not reserved: large images can OOM at runtime",
                  "only for multimodal models", score=50)]
@@ -420,9 +424,7 @@ def gen_profiling(c: Ctx) -> list[dict]:
 
 
 def gen_autotune(c: Ctx) -> list[dict]:
-    mnbt = int(c.setting("max_num_batched_tokens", 8192) or 8192)
-    out = [lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, mnbt // 2)}, {"outcome": "unknown"},
-                 "smaller prefill chunks", "the autotuner's largest M is max_num_batched_tokens", score=10)]
+    out = [batch_halved(c, "smaller prefill chunks", "the autotuner's largest M is max_num_batched_tokens", 10)]
     p = pinned_arena_lever(c, ACTIVATION_GRAPH_RESERVE, "leave room for the autotuner's workspaces", 20)
     if p:
         out.append(p)
@@ -442,10 +444,9 @@ def gen_runtime_oom(c: Ctx) -> list[dict]:
         shape.append(f"the engine died running a request of {c.n['oom_request_prompt_tokens']:,} prompt tokens"
                      + (f" among {c.n['oom_running_requests']} running, {c.n.get('oom_waiting_requests', 0)} waiting"
                         if c.n.get("oom_running_requests") is not None else ""))
-    out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, mnbt // 2)}, {"outcome": "unknown"},
-                     "smaller prefill chunks", "the largest batch's activations ran out", score=10,
-                     arithmetic=shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
-                                         "halves the activation peak of the largest prefill step"]))
+    out.append(batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10,
+                            shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
+                                     "halves the activation peak of the largest prefill step"]))
     out.append(lever("max_num_seqs", {"max_num_seqs": max(8, int(c.setting("max_num_seqs", 256) or 256) // 2)},
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:
@@ -482,8 +483,7 @@ def gen_preemption(c: Ctx) -> list[dict]:
     out.append(lever("max_num_seqs", {"max_num_seqs": new_seqs}, {"outcome": "unknown"},
                      "fewer sequences run at once: lower throughput, no recomputation", "admit only what the KV cache holds",
                      explicit_override="max_num_seqs" in c.explicit, score=10 if "max_num_seqs" not in c.explicit else 25))
-    out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(512, int(c.setting("max_num_batched_tokens", 8192) or 8192) // 2)},
-                     {"outcome": "unknown"}, "smaller prefill chunks", "less KV claimed per step by prefills", score=40))
+    out.append(batch_halved(c, "smaller prefill chunks", "less KV claimed per step by prefills", 40))
     return out
 
 

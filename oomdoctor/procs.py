@@ -27,16 +27,6 @@ class Interrupted(OomdoctorError):
     exit_code = 130
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
