@@ -190,9 +190,9 @@ def ere_escape(s: str) -> str:
 
 def rule_anchors() -> list[str]:
     """The literal every rule pattern needs (and the engines' detection strings): what diagnose's
-    prefilter looks for, taken from the same rules (``oomdoctor.rules.anchors_of``)."""
+    prefilter looks for, taken from the same rules (``oomdoctor.diagnose.rules.anchors_of``)."""
     sys.path.insert(0, str(ROOT))
-    from oomdoctor.rules import anchors_of, default_rules
+    from oomdoctor.diagnose.rules import anchors_of, default_rules
     rs = default_rules()
     return sorted(a.decode() for a in anchors_of(rs.rules, rs.engines.values()))
 
@@ -302,7 +302,7 @@ def main() -> int:
         "when": dt.datetime.now().isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                  "grep": subprocess.run([grep, "--version"], capture_output=True, text=True).stdout.splitlines()[0]},
-        "rules": os.environ.get("OOMDOCTOR_RULES") or str(ROOT / "rules"),
+        "rules": os.environ.get("OOMDOCTOR_RULES") or str(ROOT / "oomdoctor" / "engines"),
         "log": {k: v for k, v in meta.items() if k != "expected_root_text"},
         "grep": {"cmd": f"LC_ALL=C grep -c -E '<{n_anchors} rule anchors, ERE-escaped, joined by |>' {a.log}",
                  "pattern": pattern, "anchors": n_anchors, "count": int(g["stdout"].strip() or 0),

@@ -1,4 +1,4 @@
-"""The names fixed by ../shared/CONTRACT.md. Scripts outside the project read them: never rename.
+"""The names fixed by docs/contract.md (the project's copy of the contract). Scripts outside the project read them: never rename.
 
 tests/test_contract.py pins every name here against the contract's tables.
 """
@@ -18,6 +18,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "admission_rejection": {"phase": "admission", "type": "rejection"},
     "config_invalid": {"phase": "config", "type": "config_error"},
     "not_memory": {"phase": "none", "type": "other"},
+    "cascade_only": {"phase": "none", "type": "unknown"},
     "unknown": {"phase": "none", "type": "unknown"},
 }
 
@@ -36,7 +37,7 @@ LEVERS: tuple[str, ...] = (
     "larger_gpu",
 )
 
-NO_MEMORY_FAILURE = ("not_memory", "unknown")
+NO_MEMORY_FAILURE = ("not_memory", "cascade_only", "unknown")
 
 # exit codes
 EXIT_OK = 0

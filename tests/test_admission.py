@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from oomdoctor.admission import ADMIT, QUEUE, REJECT, KvAdmission, Request, decide, need_bytes, p95, wait_deadline
+from oomdoctor.analysis.admission import ADMIT, QUEUE, REJECT, KvAdmission, Request, decide, need_bytes, p95, wait_deadline
 from oomdoctor.cli import main
 from oomdoctor.errors import BadInput
 

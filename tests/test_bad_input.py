@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomdoctor.classify import diagnose_file, diagnose_lines
+from oomdoctor.diagnose.classify import diagnose_file, diagnose_lines
+from oomdoctor.paths import rules_dir
 from oomdoctor.errors import BadInput
-from oomdoctor.read import SourceInfo
-from oomdoctor.rules import default_rules
+from oomdoctor.diagnose.read import SourceInfo
+from oomdoctor.diagnose.rules import default_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
@@ -152,7 +153,9 @@ def test_metrics_file_missing(cli, tmp_path):
 @pytest.fixture
 def rules_copy(tmp_path) -> Path:
     dst = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", dst)
+    for e in sorted(rules_dir().iterdir()):
+        if (e / "rules").is_dir():
+            shutil.copytree(e / "rules", dst / e.name)
     return dst
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from oomdoctor.compare import compare, plot
+from oomdoctor.analysis.compare import compare, plot
 from oomdoctor.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]

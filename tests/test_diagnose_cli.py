@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor import card as cardmod
+from oomdoctor.card import store as cardmod
 from oomdoctor import contract
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"

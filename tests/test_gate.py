@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor import gate as gatemod
-from oomdoctor import receipt as rcpt
+from oomdoctor.gate import core as gatemod
+from oomdoctor.card import receipt as rcpt
 from oomdoctor.cli import main
 from oomdoctor.errors import BadInput
 
@@ -582,7 +582,7 @@ def test_config_moved_to_an_undeclared_path_fails(repo, capsys):
 
 def test_profiles_format_is_the_plugins():
     """One serving-profiles format: what the gate fingerprints is what oomdoctor/profiles.py applies."""
-    profiles_mod = pytest.importorskip("oomdoctor.profiles")
+    profiles_mod = pytest.importorskip("oomdoctor.profiles.core")
     path = DEMO / PROFILES
     theirs = {p.name: p for p in profiles_mod.load_profiles(path).profiles}
     ours = gatemod.parse_profiles(path.read_text(), PROFILES)

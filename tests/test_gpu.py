@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from oomdoctor import device as devmod
+from oomdoctor.device import nvml as devmod
 
 ROOT = Path(__file__).resolve().parents[1]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
@@ -41,12 +41,12 @@ def test_nvml_state_lists_every_gpu_and_its_holders() -> None:
 
 @needs_torch
 def test_ballast_leaves_the_target_free_and_gives_it_back(tmp_path: Path) -> None:
-    from oomdoctor.procs import Group, wait_memory_back
+    from oomdoctor.retest.procs import Group, wait_memory_back
 
     before = _free()
     target = before - 4 * GiB
     ready = tmp_path / "ready.json"
-    g = Group([sys.executable, "-m", "oomdoctor.ballast", str(target), str(ready), "--index", "0"], tmp_path / "b.log",
+    g = Group([sys.executable, "-m", "oomdoctor.retest.ballast", str(target), str(ready), "--index", "0"], tmp_path / "b.log",
               env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0"))
     try:
         t0 = time.time()
@@ -68,7 +68,7 @@ def test_retest_with_emulated_free_memory_gives_everything_back(tmp_path: Path) 
     retest NVML shows the memory back."""
     import subprocess
 
-    from oomdoctor import card as cardmod
+    from oomdoctor.card import store as cardmod
 
     card = tmp_path / "a.yaml"
     r = subprocess.run([sys.executable, "-m", "oomdoctor", "diagnose", str(FX / "A_fail.log"), "--out", str(card)],

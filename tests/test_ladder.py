@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor import card as cardmod
-from oomdoctor.classify import diagnose_file
+from oomdoctor.card import store as cardmod
+from oomdoctor.diagnose.classify import diagnose_file
 from oomdoctor.commands.diagnose import build_card
 from oomdoctor.errors import BadInput
-from oomdoctor.ladder import (bracket_state, exit_code, expected_starts, next_rung, read_profile, run_ladder)
-from oomdoctor.rules import default_rules
+from oomdoctor.analysis.ladder import (bracket_state, exit_code, expected_starts, next_rung, read_profile, run_ladder)
+from oomdoctor.diagnose.rules import default_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
@@ -93,7 +93,7 @@ def test_bisection_finds_the_hidden_threshold_in_log2_starts(tmp_path: Path, thr
     assert on_disk["precision_bytes"] == prec
     assert on_disk["workload_fingerprint"].startswith("sha256:") and on_disk["config_fingerprint"].startswith("sha256:")
     assert (on_disk["engine"], on_disk["engine_version"]) == ("vllm", "0.25.1")
-    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles reads from a receipt)
+    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles.core reads from a receipt)
     assert on_disk["pass_free_bytes"] == res["passes_at_bytes"] and on_disk["fail_free_bytes"] == res["fails_at_bytes"]
     # rungs are midpoints of the open interval rounded to the precision grid (anchored at low)
     assert all((t - low) % prec == 0 for t in fake.calls if t not in (low, high))
@@ -192,7 +192,7 @@ def test_margin_and_declared_requirement(tmp_path: Path) -> None:
 
 def test_incident_1_figures_under_declared() -> None:
     """Incident 1: long_393k fails at 25,371,803,648 and starts at 25,571,033,088, declared 24,053,735,802."""
-    from oomdoctor.ladder import compare_declared
+    from oomdoctor.analysis.ladder import compare_declared
 
     res = {"status": "measured", "threshold_bytes": 25_571_033_088, "fails_at_bytes": 25_371_803_648}
     d = compare_declared(res, {"bytes": 24_053_735_802, "source": "profile long_393k"})
@@ -406,7 +406,7 @@ def test_another_device_starts_afresh(tmp_path: Path) -> None:
 
 def test_profiles_module_reads_the_ladder_section(tmp_path: Path) -> None:
     """The serving-profile reader (oomdoctor.profiles, when present) takes a ladder card as its receipt."""
-    profiles = pytest.importorskip("oomdoctor.profiles")
+    profiles = pytest.importorskip("oomdoctor.profiles.core")
     card = make_card(tmp_path)
     lad = run_ladder(card, runner=Fake(7_046_430_720), low=3 * GiB, high=12 * GiB, precision=64 * MiB, device=H200,
                      progress=quiet)

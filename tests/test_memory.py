@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oomdoctor import memory as M
+from oomdoctor.engines.vllm import memory as M
 from oomdoctor.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,7 @@ def test_unknown_gpu_size_is_bad_input(cli, tmp_path) -> None:
 
 def test_nvml_holders_name_the_process_to_stop() -> None:
     """One busy card: the log only says free < requested; NVML (same machine) names the holder → lever #1."""
-    from oomdoctor.levers import propose
+    from oomdoctor.levers.engine import propose
 
     nums = {"free_at_start_bytes": 42402064630, "gpu_total_bytes": 150109106995, "gpu_memory_utilization": 0.92,
             "requested_bytes": 138104673403}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oomdoctor import memory as M
+from oomdoctor.engines.vllm import memory as M
 from oomdoctor.cli import main
 from oomdoctor.commands import plan as P
 from oomdoctor.errors import BadInput

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor import card as cardmod
+from oomdoctor.card import store as cardmod
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -290,7 +290,7 @@ def write_entry_point(root: Path) -> None:
     d = root / "oomdoctor_plugin_shim-0.0.dist-info"
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: oomdoctor-plugin-shim\nVersion: 0.0\n")
-    (d / "entry_points.txt").write_text("[vllm.general_plugins]\noomdoctor = oomdoctor.plugin:register\n")
+    (d / "entry_points.txt").write_text("[vllm.general_plugins]\noomdoctor = oomdoctor.engines.vllm.plugin:register\n")
 
 
 def purge_vllm() -> None:
@@ -301,7 +301,7 @@ def purge_vllm() -> None:
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """A fresh fake vLLM on sys.path, a model folder, an incidents folder, the plugin state reset."""
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     site = tmp_path / "site"
     write_fake_vllm(site)
@@ -338,7 +338,7 @@ def fake_device(free: int, total: int = H200_TOTAL) -> dict:
 
 # ----------------------------------------------------------------------------- off by default
 def test_off_by_default_changes_nothing(fake):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -359,7 +359,7 @@ def test_off_by_default_changes_nothing(fake):
 
 # ----------------------------------------------------------------------------- on: what is recorded
 def test_records_explicit_vs_defaults_and_resolved(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("HF_TOKEN", "hf_" + "a" * 30)
@@ -396,7 +396,7 @@ def test_records_explicit_vs_defaults_and_resolved(fake, monkeypatch):
 
 
 def test_explicit_args_reads_vllm_defaults_not_constants(fake):
-    from oomdoctor.plugin import argv_fields, explicit_args
+    from oomdoctor.engines.vllm.plugin import argv_fields, explicit_args
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
     ea = EngineArgs(model=fake["model"], gpu_memory_utilization=0.5, compilation_config={"mode": 0})
@@ -412,7 +412,7 @@ def test_explicit_args_reads_vllm_defaults_not_constants(fake):
 
 
 def test_register_is_idempotent(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     from vllm.engine.arg_utils import EngineArgs
@@ -437,7 +437,7 @@ def test_register_is_idempotent(fake, monkeypatch):
 
 
 def test_dictconfig_reconfiguration_keeps_the_capture(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     plugin.register()
@@ -449,8 +449,8 @@ def test_dictconfig_reconfiguration_keeps_the_capture(fake, monkeypatch):
 
 # ----------------------------------------------------------------------------- failures → cards
 def test_engine_start_failure_writes_a_retestable_card(fake, monkeypatch):
-    from oomdoctor import plugin
-    from oomdoctor import retest as rt
+    from oomdoctor.engines.vllm import plugin
+    from oomdoctor.retest import run as rt
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))        # a ballast left 24 GiB on the H200
@@ -488,14 +488,14 @@ def test_engine_start_failure_writes_a_retestable_card(fake, monkeypatch):
     # `oomdoctor retest` can re-run exactly that launch: the offline runner with the recorded kwargs
     lever = rt.choose_lever(card, None, False)
     p = rt.plan(card, lever, None, 0, False)
-    assert p.argv[1:4] == ["-m", "oomdoctor.engine_runner", fake["model"]]
+    assert p.argv[1:4] == ["-m", "oomdoctor.retest.engine_runner", fake["model"]]
     assert json.loads(p.argv[4]) == {"disable_log_stats": True, "max_model_len": 32768,
                                      "gpu_memory_utilization": lever["change"]["gpu_memory_utilization"]}
     assert p.emulate_free_bytes == 24 * GiB + (512 << 20)
 
 
 def test_create_engine_config_failure_writes_a_card(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     plugin.register()
@@ -512,7 +512,7 @@ def test_create_engine_config_failure_writes_a_card(fake, monkeypatch):
 
 
 def test_log_file_is_used_when_pointed_at(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     fx = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "B_fail.log"
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
@@ -534,7 +534,7 @@ def test_log_file_is_used_when_pointed_at(fake, monkeypatch):
 def test_serve_launch_records_flags_and_argv(fake, monkeypatch):
     import argparse
 
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))
@@ -552,7 +552,7 @@ def test_serve_launch_records_flags_and_argv(fake, monkeypatch):
     wl = card["workload"]
     assert wl["launcher"] == "vllm-serve" and wl["engine_args"] == {"max_model_len": 32768}
     assert wl["argv"][:3] == ["vllm", "serve", fake["model"]] and "sk-" + "c" * 30 not in json.dumps(wl)
-    from oomdoctor import retest as rt
+    from oomdoctor.retest import run as rt
 
     p = rt.plan(card, rt.choose_lever(card, None, False), None, 0, False)
     assert p.argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", fake["model"]]
@@ -565,7 +565,7 @@ def _boom(*a, **k):
 
 
 def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, caplog):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     plugin.register()
@@ -585,7 +585,7 @@ def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, cap
 
 
 def test_a_failing_recorder_never_changes_the_engines_exception(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))
@@ -628,7 +628,7 @@ PROFILES = {
 
 
 def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     pf = fake["tmp"] / "profiles.yaml"
     pf.write_text(yaml.safe_dump(PROFILES))
@@ -661,7 +661,7 @@ def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
 
 
 def test_profiles_without_nvml_leave_defaults(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     pf = fake["tmp"] / "profiles.json"
     pf.write_text(json.dumps(PROFILES))
@@ -677,7 +677,7 @@ def test_profiles_without_nvml_leave_defaults(fake, monkeypatch):
 
 
 def test_profile_forced_by_env_and_broken_profile_file(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     pf = fake["tmp"] / "profiles.yaml"
     pf.write_text(yaml.safe_dump(PROFILES))
@@ -739,7 +739,7 @@ def test_entry_point_loads_the_plugin_in_every_process_spawn(tmp_path):
 
 # ----------------------------------------------------------------------------- small pieces
 def test_engine_gpus_follow_cuda_visible_devices(monkeypatch):
-    from oomdoctor.plugin import engine_gpus
+    from oomdoctor.engines.vllm.plugin import engine_gpus
 
     st = {"gpus": [{"index": i, "uuid": f"GPU-{i}{i}{i}-abc", "free_bytes": 1, "total_bytes": 2} for i in range(4)]}
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -751,7 +751,7 @@ def test_engine_gpus_follow_cuda_visible_devices(monkeypatch):
 
 
 def test_records_are_formatted_like_vllm_lines():
-    from oomdoctor.plugin import format_record
+    from oomdoctor.engines.vllm.plugin import format_record
 
     try:
         raise ValueError("Free memory on device cuda:0 (23.0/31.36 GiB) on startup is less than desired")
@@ -765,7 +765,7 @@ def test_records_are_formatted_like_vllm_lines():
 
 
 def test_the_log_tail_is_bounded(fake, monkeypatch):
-    from oomdoctor import plugin
+    from oomdoctor.engines.vllm import plugin
 
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("OOMDOCTOR_PLUGIN_TAIL_LINES", "60")

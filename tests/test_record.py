@@ -14,7 +14,7 @@ import pytest
 
 from oomdoctor.cli import main
 from oomdoctor.commands.record import workload_from_argv
-from oomdoctor.retest import RunResult
+from oomdoctor.retest.run import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "gate-demo"
@@ -67,8 +67,8 @@ def test_serving_config_record_writes_the_receipt_the_gate_needs(tmp_path: Path,
     gpu = {"status": "captured", "reason": "", "source": "nvml", "gpus": [
         {"index": 0, "name": "NVIDIA H200", "total_bytes": 150754820096, "free_bytes": 150109880320, "used_bytes": 0,
          "processes": []}]}
-    monkeypatch.setattr("oomdoctor.retest.run_engine", fake_run_engine)
-    monkeypatch.setattr("oomdoctor.device.capture", lambda with_processes=True: gpu)
+    monkeypatch.setattr("oomdoctor.retest.run.run_engine", fake_run_engine)
+    monkeypatch.setattr("oomdoctor.device.nvml.capture", lambda with_processes=True: gpu)
     with pytest.raises(SystemExit) as e:
         main(["record", "--serving-config", "deploy/vllm.yaml", "--target", "nvidia-h200", "--out", str(tmp_path / "c.yaml")])
     assert e.value.code == 3                             # a clean start: no memory failure

@@ -35,7 +35,7 @@ def test_obj_deep() -> None:
 def test_teed_engine_log_is_redacted(tmp_path) -> None:
     import sys
 
-    from oomdoctor.procs import Group
+    from oomdoctor.retest.procs import Group
 
     log = tmp_path / "engine.log"
     g = Group([sys.executable, "-c", "print(\"non-default args: {'api_key': 'sk-abcdef123456', 'port': 8000}\")"], log)

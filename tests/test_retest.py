@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor import card as cardmod
+from oomdoctor.card import store as cardmod
 from oomdoctor.errors import CardError
 
 ROOT = Path(__file__).resolve().parents[1]

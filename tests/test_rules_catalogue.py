@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from oomdoctor import contract
-from oomdoctor.classify import diagnose_file
+from oomdoctor.diagnose.classify import diagnose_file
 from oomdoctor.errors import RuleError
 from oomdoctor.paths import rules_dir
-from oomdoctor.rules import load_rules
-from oomdoctor.ruletest import fixtures_root, run_rule_tests
+from oomdoctor.diagnose.rules import load_rules
+from oomdoctor.diagnose.ruletest import fixtures_root, run_rule_tests
 
 RULES = rules_dir()
 RULESET = load_rules(RULES)

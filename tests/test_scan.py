@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from oomdoctor import classify
+from oomdoctor.diagnose import classify
 from oomdoctor.errors import BadInput
-from oomdoctor.read import CHUNK, MAX_LINE_BYTES, PROBE_BYTES, SourceInfo, looks_binary
-from oomdoctor.rules import anchors_of, default_rules
-from oomdoctor.runtime import RuntimeTracker
-from oomdoctor.scan import scan, scan_grep, scan_python
+from oomdoctor.diagnose.read import CHUNK, MAX_LINE_BYTES, PROBE_BYTES, SourceInfo, looks_binary
+from oomdoctor.diagnose.rules import anchors_of, default_rules
+from oomdoctor.diagnose.signals import RuntimeTracker
+from oomdoctor.diagnose.scan import scan, scan_grep, scan_python
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GREP = shutil.which("grep")

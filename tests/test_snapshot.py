@@ -22,7 +22,7 @@ import pytest
 
 from oomdoctor.cli import main
 from oomdoctor.errors import BadInput
-from oomdoctor.snapshot import NO_STACK, analyze_snapshot, load_snapshot, render_text, site_of
+from oomdoctor.analysis.snapshot import NO_STACK, analyze_snapshot, load_snapshot, render_text, site_of
 
 MiB = 1 << 20
 GiB = 1 << 30

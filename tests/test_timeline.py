@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from oomdoctor.classify import diagnose_file
+from oomdoctor.diagnose.classify import diagnose_file
 from oomdoctor.errors import BadInput
-from oomdoctor.rules import load_rules
-from oomdoctor.timeline import episodes, plot, render_text
+from oomdoctor.diagnose.rules import load_rules
+from oomdoctor.paths import rules_dir
+from oomdoctor.analysis.timeline import episodes, plot, render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "Eserve_pass.log"
@@ -18,7 +19,7 @@ LOG = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "Eserve_pass.log"
 
 @pytest.fixture(scope="module")
 def summary() -> dict:
-    return diagnose_file(LOG, load_rules(ROOT / "rules")).runtime
+    return diagnose_file(LOG, load_rules(rules_dir())).runtime
 
 
 def test_summary_is_the_real_one(summary):

@@ -88,7 +88,7 @@ def command(budget: str, kv_bpt: str, request: str, in_use: str, queue_ahead: in
     """Admit, queue or reject one request against a KV byte budget, and show the arithmetic.
 
     Exit 0 admit; 1 queue or reject (see "decision"); 2 bad input."""
-    from oomdoctor.admission import decide
+    from oomdoctor.analysis.admission import decide
     from oomdoctor.errors import BadInput
 
     b = _size(budget, "--budget")

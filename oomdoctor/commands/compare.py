@@ -24,7 +24,7 @@ def command(proven: Path, failing: Path, engine: str | None, proven_version: str
 
     Exit 0: compared (with warnings if the engine versions differ); 2: bad input.
     """
-    from oomdoctor.compare import compare, plot, print_tables
+    from oomdoctor.analysis.compare import compare, plot, print_tables
 
     res = compare(proven, failing, engine=engine, proven_version=proven_version, failing_version=failing_version)
     if plot_path is not None:

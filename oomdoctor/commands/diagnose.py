@@ -9,10 +9,10 @@ from oomdoctor import contract
 
 
 def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | None = None) -> dict:
-    from oomdoctor import card as cardmod
-    from oomdoctor import levers as levermod
-    from oomdoctor.device import log_device_statements
-    from oomdoctor.workload import from_log
+    from oomdoctor.card import store as cardmod
+    from oomdoctor.levers import engine as levermod
+    from oomdoctor.device.nvml import log_device_statements
+    from oomdoctor.card.workload import from_log
 
     wl = from_log(log, diag.matches, diag.engine)
     nums = dict(diag.numbers)
@@ -51,7 +51,7 @@ def card_runtime(summary: dict) -> dict:
     """The runtime summary as the card keeps it: the preemption episodes, and at most 240 timeline samples."""
     if not summary:
         return {}
-    from oomdoctor.timeline import episodes
+    from oomdoctor.analysis.timeline import episodes
 
     out = dict(summary)
     tl = summary.get("timeline") or []
@@ -92,12 +92,12 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
     """
-    from oomdoctor import card as cardmod
-    from oomdoctor import device as devmod
-    from oomdoctor.classify import diagnose_file
+    from oomdoctor.card import store as cardmod
+    from oomdoctor.device import nvml as devmod
+    from oomdoctor.diagnose.classify import diagnose_file
     from oomdoctor.paths import default_incidents_dir
-    from oomdoctor.report import contract_json, print_json, render
-    from oomdoctor.rules import default_rules
+    from oomdoctor.diagnose.report import contract_json, print_json, render
+    from oomdoctor.diagnose.rules import default_rules
 
     ruleset = default_rules(rules_path)
     metrics_text = read_metrics(metrics) if metrics else None
@@ -108,15 +108,15 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
         notes.append("device state is NVML's reading now, on this machine — not necessarily the machine or moment of the log")
     card = build_card(log, diag, dev, notes)
     if snapshot is not None:
-        from oomdoctor.snapshot import analyze_snapshot
+        from oomdoctor.analysis.snapshot import analyze_snapshot
         card["snapshot"] = analyze_snapshot(snapshot)
     if model_dir is not None:
-        from oomdoctor.modelcheck import check
+        from oomdoctor.levers.modelcheck import check
 
         check(card, str(model_dir), gpu_memory)
     if plot_path is not None:
         from oomdoctor.errors import BadInput
-        from oomdoctor.timeline import plot
+        from oomdoctor.analysis.timeline import plot
 
         if not (diag.runtime or {}).get("timeline"):
             raise BadInput(f"--plot: {log} has no scheduler stats lines to draw")

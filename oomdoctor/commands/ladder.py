@@ -106,9 +106,9 @@ def command(ctx: click.Context, card: Path | None, precision: str, low: str | No
     1: not measured (does not start at the high end, starts at the low end, stopped early) or under-declared;
     2: bad input; 130: interrupted (run again to resume).
     """
-    from oomdoctor import card as cardmod
+    from oomdoctor.card import store as cardmod
     from oomdoctor.errors import BadInput
-    from oomdoctor.ladder import card_for_command, exit_code, read_profile, run_ladder, to_json
+    from oomdoctor.analysis.ladder import card_for_command, exit_code, read_profile, run_ladder, to_json
 
     argv = ctx.meta.get("ladder_argv")
     if argv is not None and not argv:

@@ -13,7 +13,7 @@ from typing import Any, Union
 
 import click
 
-from oomdoctor import memory as M
+from oomdoctor.engines.vllm import memory as M
 from oomdoctor.errors import BadInput
 from oomdoctor.units import NAMED_CARDS, human_bytes, parse_size
 
@@ -350,7 +350,7 @@ def to_json(info: M.ModelInfo, p: M.Prediction, levers: list[dict]) -> dict:
         "headroom_bytes": p.headroom_bytes,
         "approximations": [
             "activation peak, profiling overhead, CUDA-graph pool and runtime buffers are estimates calibrated on "
-            "real vLLM 0.25.1 H200 ledgers (see oomdoctor.memory.CALIBRATION); the rest is vLLM's arithmetic",
+            "real vLLM 0.25.1 H200 ledgers (see oomdoctor.engines.vllm.memory.CALIBRATION); the rest is vLLM's arithmetic",
             "the CUDA total is NVML's total less a driver reserve (measured on the H200, 0.5 GiB assumed elsewhere)",
         ] + list(info.notes)
           + (["weights from config.json (no *.safetensors in the directory)"] if p.weights.source == "config.json" else [])

@@ -20,7 +20,7 @@ def workload_from_argv(argv: list[str], requests: dict) -> dict:
     """`vllm serve MODEL --flag v ...` or `python -m vllm.entrypoints.cli.main serve ...` → a vllm-serve workload;
     anything else → a generic `command` workload (flags of levers are appended to its argv)."""
     from oomdoctor.redact import redact_env
-    from oomdoctor.workload import DEFAULT_REQUESTS
+    from oomdoctor.card.workload import DEFAULT_REQUESTS
 
     env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
                                                                   "HF_", "TRANSFORMERS_", "NCCL_"))}
@@ -61,9 +61,9 @@ def workload_from_argv(argv: list[str], requests: dict) -> dict:
 
 def _emulation_for(target: str, gpu_index: int) -> str | None:
     """No ballast when the target is this GPU; a named card's capacity when it is one; else refuse."""
-    from oomdoctor import device as devmod
+    from oomdoctor.device import nvml as devmod
     from oomdoctor.errors import BadInput
-    from oomdoctor.retest import device_slug
+    from oomdoctor.retest.run import device_slug
     from oomdoctor.units import NAMED_CARDS
 
     st = devmod.capture(with_processes=False)
@@ -80,7 +80,7 @@ def _emulation_for(target: str, gpu_index: int) -> str | None:
 def write_gate_receipt(sc, card: dict, diag, rr, target: str, before: dict, receipt_path, log_path) -> Path:
     """Append this run to the config's receipt: outcome pass only when it started, served and showed no memory failure."""
     from oomdoctor import __version__
-    from oomdoctor.receipt import write_receipt
+    from oomdoctor.card.receipt import write_receipt
 
     ok = bool(rr.served) and not diag.is_memory_failure and not rr.timed_out
     attempt = {
@@ -98,7 +98,7 @@ def write_gate_receipt(sc, card: dict, diag, rr, target: str, before: dict, rece
 
 
 def _coerce(v: str):
-    from oomdoctor.fingerprint import normalize_value
+    from oomdoctor.card.fingerprint import normalize_value
     return normalize_value(v)
 
 
@@ -129,14 +129,14 @@ def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | N
 
     With --serving-config, run that declared config on --target and append the attempt to a receipt
     that `oomdoctor gate` accepts when the start passed."""
-    from oomdoctor import card as cardmod
-    from oomdoctor import device as devmod
-    from oomdoctor.classify import diagnose_file
+    from oomdoctor.card import store as cardmod
+    from oomdoctor.device import nvml as devmod
+    from oomdoctor.diagnose.classify import diagnose_file
     from oomdoctor.commands.diagnose import build_card
     from oomdoctor.paths import default_incidents_dir
-    from oomdoctor.report import contract_json, print_json, render
-    from oomdoctor.retest import Plan, run_engine, _phase_watcher, launch_argv
-    from oomdoctor.rules import default_rules
+    from oomdoctor.diagnose.report import contract_json, print_json, render
+    from oomdoctor.retest.run import Plan, run_engine, _phase_watcher, launch_argv
+    from oomdoctor.diagnose.rules import default_rules
     from oomdoctor.units import parse_size
 
     from oomdoctor.errors import BadInput
@@ -147,7 +147,7 @@ def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | N
             raise BadInput("give either --serving-config or a command after --, not both")
         if not target:
             raise BadInput("--serving-config needs --target (the device the receipt is for, e.g. nvidia-h200 or rtx4090)")
-        from oomdoctor.gate import load_serving_config
+        from oomdoctor.gate.core import load_serving_config
 
         sc = load_serving_config(serving_config, profile=profile, project_file=project_file)
         if target not in sc.targets:

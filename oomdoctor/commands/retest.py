@@ -13,7 +13,7 @@ def print_summary(card: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from oomdoctor.retest import summary_rows
+    from oomdoctor.retest.run import summary_rows
 
     rows = summary_rows(card)
     if not rows:
@@ -48,7 +48,7 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
 
     Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input.
     """
-    from oomdoctor.retest import retest
+    from oomdoctor.retest.run import retest
 
     rc, attempt, after = retest(card, lever_id=lever_id, next_=next_, dry_run=dry_run, engine=engine,
                                 emulate=emulate or emulate_free, no_emulate=no_emulate, gpu_index=gpu_index,

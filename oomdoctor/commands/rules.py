@@ -19,7 +19,7 @@ def command() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_cmd(rules_path: Path | None, as_json: bool) -> None:
     """List every rule: id, engine, versions, role, class."""
-    from oomdoctor.rules import load_rules
+    from oomdoctor.diagnose.rules import load_rules
 
     rs = load_rules(rules_path or rules_dir())
     rows = [{"id": r.id, "engine": r.engine, "versions": r.versions or "*", "role": r.role,
@@ -38,8 +38,8 @@ def list_cmd(rules_path: Path | None, as_json: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Print passing cases too.")
 def test_cmd(rules_path: Path | None, only: str | None, verbose: bool) -> None:
     """Run every rule's test cases against its fixtures; exit 1 if any fails."""
-    from oomdoctor.rules import load_rules
-    from oomdoctor.ruletest import run_rule_tests
+    from oomdoctor.diagnose.rules import load_rules
+    from oomdoctor.diagnose.ruletest import run_rule_tests
 
     root = rules_path or rules_dir()
     rs = load_rules(root)

@@ -19,7 +19,7 @@ def command(file: str, as_json: bool, top: int) -> int:
     """Read a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) without torch and without
     executing anything: allocated vs reserved, largest free block, fragmentation, the OOM event,
     the top allocation sites."""
-    from oomdoctor.snapshot import analyze_snapshot, render_text
+    from oomdoctor.analysis.snapshot import analyze_snapshot, render_text
 
     report = analyze_snapshot(file, top=top)
     if as_json:

@@ -4,9 +4,9 @@
 #
 # Runs ON THE GPU MACHINE from the repository root. oomdoctor is NOT pip-installed there, so the plugin is activated
 # exactly as `pip install oomdoctor` would: a dist-info folder declaring the entry point
-# (vllm.general_plugins: oomdoctor = oomdoctor.plugin:register) is put on PYTHONPATH, and vLLM's own
+# (vllm.general_plugins: oomdoctor = oomdoctor.engines.vllm.plugin:register) is put on PYTHONPATH, and vLLM's own
 # load_general_plugins() calls register() in the front end AND in the spawned/forked engine core.
-# (`python -c 'import oomdoctor.plugin as p; p.register(); ...'` activates the same front-end hooks, but a spawned
+# (`python -c 'import oomdoctor.engines.vllm.plugin as p; p.register(); ...'` activates the same front-end hooks, but a spawned
 # engine core — `vllm serve` always spawns — would then run without the plugin and its lines would be missing.)
 #
 #   bash tools/gpu/plugin_demo.sh demo     [OUT]   (a) + (b) + (c), about 5-7 minutes
@@ -48,7 +48,7 @@ mkdir -p "$OUT" && rm -rf "$OUT/incidents" "$OUT/ladder-incidents" "$OUT/ep"
 EP="$OUT/ep/oomdoctor_plugin_demo-0.0.dist-info"
 mkdir -p "$EP"
 printf 'Metadata-Version: 2.1\nName: oomdoctor-plugin-demo\nVersion: 0.0\n' > "$EP/METADATA"
-printf '[vllm.general_plugins]\noomdoctor = oomdoctor.plugin:register\n' > "$EP/entry_points.txt"
+printf '[vllm.general_plugins]\noomdoctor = oomdoctor.engines.vllm.plugin:register\n' > "$EP/entry_points.txt"
 
 export PYTHONPATH="$ROOT:$OUT/ep:$SITE" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=INFO VLLM_USE_FLASHINFER_SAMPLER=0 \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 \
@@ -78,7 +78,7 @@ mem_back() {  # wait until at most 2 GiB of the GPU is used (the previous engine
 }
 start_ballast() {  # $1 = target free bytes
   rm -f "$OUT/ballast.json"
-  setsid "$PY" -m oomdoctor.ballast "$1" "$OUT/ballast.json" --index "$GPU" > "$OUT/ballast.log" 2>&1 &
+  setsid "$PY" -m oomdoctor.retest.ballast "$1" "$OUT/ballast.json" --index "$GPU" > "$OUT/ballast.log" 2>&1 &
   BALLAST=$!; PGIDS+=("$BALLAST")
   for _ in $(seq 1 120); do [ -f "$OUT/ballast.json" ] && break; kill -0 "$BALLAST" 2>/dev/null || break; sleep 1; done
   [ -f "$OUT/ballast.json" ] || { echo "ballast not ready:"; tail -5 "$OUT/ballast.log"; exit 1; }
@@ -115,7 +115,7 @@ for m in ("yaml", "click", "pynvml", "rich"):
                                      "internal error after recording)" if m == "rich" else ""))
 eps = [(e.name, e.value, e.dist.name) for e in md.entry_points(group="vllm.general_plugins")]
 print("vllm.general_plugins:", eps)
-assert any(v == "oomdoctor.plugin:register" for _, v, _ in eps), "the entry point is not visible"
+assert any(v == "oomdoctor.engines.vllm.plugin:register" for _, v, _ in eps), "the entry point is not visible"
 PY
 echo "NVML free/total: $(nvml)"
 [ -d "$MODEL" ] || { echo "no model at $MODEL (build it with the gpu-kit)" >&2; exit 2; }
@@ -158,7 +158,7 @@ if [ "$MODE" = measure ]; then
     COLUMNS=200 setsid "$PY" -m oomdoctor ladder --out "$OUT/ladder-262k.yaml" --low "${LOW:-18GiB}" --high "${HIGH:-26GiB}" \
       --precision "${PRECISION:-512MiB}" --timeout 150 --gpu "$GPU" \
       --profile-file "$OUT/profiles.yaml" --profile long_262k \
-      -- "$PY" -m oomdoctor.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}' \
+      -- "$PY" -m oomdoctor.retest.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}' \
       > "$OUT/ladder.log" 2>&1 &
   L=$!; PGIDS+=("$L"); wait "$L"; rc=$?; forget "$L"
   tail -n 30 "$OUT/ladder.log"
@@ -177,7 +177,7 @@ fi
 say "(a) flagless LLM(model=$MODEL) with ${BALLAST_FREE} B left free, plugin on (OOMDOCTOR_PLUGIN=1)"
 start_ballast "$BALLAST_FREE"
 run_engine "$OUT/a.log" "$(cap 240)" env OOMDOCTOR_PLUGIN=1 \
-  "$PY" -m oomdoctor.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
+  "$PY" -m oomdoctor.retest.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
 echo "engine rc: $? (a failure is expected)"
 stop_ballast
 decisive "$OUT/a.log" 20
@@ -186,7 +186,7 @@ CARD=$(ls -t "$OUT"/incidents/*.yaml 2>/dev/null | head -1)
 echo "card written by the plugin: $CARD"
 "$PY" - "$CARD" <<'PY'
 import sys
-from oomdoctor import card as c
+from oomdoctor.card import store as c
 d = c.load_dict(sys.argv[1])
 w, p = d["workload"], d.get("plugin", {})
 print("class:", d["classification"]["class"], "| rule:", d["classification"]["rule"])
@@ -211,7 +211,7 @@ while [ $n -lt "$MAX_RETESTS" ]; do
 done
 "$PY" - "$CARD" <<'PY'
 import sys
-from oomdoctor import card as c
+from oomdoctor.card import store as c
 for a in c.load_dict(sys.argv[1]).get("attempts", []):
     print(f"attempt {a['n']}: lever {a['lever']} {a.get('change')} → {a['outcome']}"
           f" (class {(a.get('classification') or {}).get('class')}, served {a.get('served')})")
@@ -224,7 +224,7 @@ EXTRA=()
 if [ -n "${PROFILES_FILE:-}" ]; then      # a ready profile file whose profiles name their own ladder receipts
   cp "$PROFILES_FILE" "$OUT/profiles.yaml"
   sed -i "s#receipt: \.\./\.\./#receipt: $ROOT/#" "$OUT/profiles.yaml"
-  "$PY" -m oomdoctor.profiles "$OUT/profiles.yaml" --free "$BALLAST_FREE" --total "$(nvml | cut -d' ' -f2)" | head -8
+  "$PY" -m oomdoctor.profiles.core "$OUT/profiles.yaml" --free "$BALLAST_FREE" --total "$(nvml | cut -d' ' -f2)" | head -8
 else
   write_profiles "$OUT/profiles.yaml"
 fi
@@ -236,7 +236,7 @@ fi
 [ "$(left)" -lt 90 ] && echo "warning: only $(left) s left of TOTAL_S=$TOTAL_S for (c)"
 start_ballast "$BALLAST_FREE"
 run_engine "$OUT/c.log" "$(cap 300)" env ${EXTRA[@]+"${EXTRA[@]}"} OOMDOCTOR_PLUGIN=1 OOMDOCTOR_PROFILES="$OUT/profiles.yaml" \
-  "$PY" -m oomdoctor.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
+  "$PY" -m oomdoctor.retest.engine_runner "$MODEL" '{}' '{"prompt_tokens": 8, "max_tokens": 16}'
 rc_c=$?
 stop_ballast
 decisive "$OUT/c.log" 30

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from oomdoctor.errors import BadInput
-from oomdoctor.fingerprint import memory_settings
+from oomdoctor.card.fingerprint import memory_settings
 
 SCHEMA_ID = "oomdoctor.serving-profiles/v1"
 DEFAULT_SAFETY_FACTOR = 0.98
@@ -639,14 +639,14 @@ def report(ps: ProfileSet, sel: Selection) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m oomdoctor.profiles FILE [--free BYTES --total BYTES] [--explicit k=v ...] [--forced NAME]
+    """``python -m oomdoctor.profiles.core FILE [--free BYTES --total BYTES] [--explicit k=v ...] [--forced NAME]
     [--engine-version V] [--allow-unmeasured] [--json]`` — what the plugin would select (no engine)."""
     import argparse
     import sys
 
     from oomdoctor.units import parse_size
 
-    ap = argparse.ArgumentParser(prog="python -m oomdoctor.profiles", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m oomdoctor.profiles.core", description=main.__doc__)
     ap.add_argument("file")
     ap.add_argument("--free", default=None, help="free bytes of the engine's GPU (default: NVML now)")
     ap.add_argument("--total", default=None, help="total bytes of the engine's GPU (default: NVML now)")
@@ -662,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         free = parse_size(a.free) if a.free else None
         total = parse_size(a.total) if a.total else None
         if free is None or total is None:
-            from oomdoctor import device
+            from oomdoctor.device import nvml as device
 
             st = device.capture(with_processes=False)
             if st.get("status") == "captured" and st["gpus"]:

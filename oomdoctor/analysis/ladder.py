@@ -18,7 +18,7 @@ AND serves its requests.
 
 The runner is injectable: a function of the target free bytes returning ``True``/``False`` or a rung dict
 (``outcome``: pass/fail/timeout, optionally ``free_bytes``, ``class``, ``decisive`` ...). The default one,
-:class:`EngineRunner`, runs the card's workload through :func:`oomdoctor.retest.run_engine` with a ballast
+:class:`EngineRunner`, runs the card's workload through :func:`oomdoctor.retest.run.run_engine` with a ballast
 leaving the rung's target free (and the target in env ``OOMDOCTOR_LADDER_FREE_BYTES``).
 """
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from oomdoctor import __version__
-from oomdoctor import card as cardmod
+from oomdoctor.card import store as cardmod
 from oomdoctor import contract
 from oomdoctor.errors import BadInput, OomdoctorError
-from oomdoctor.fingerprint import effective_config, fingerprint, normalize_value
+from oomdoctor.card.fingerprint import effective_config, fingerprint, normalize_value
 from oomdoctor.units import human_bytes, parse_size
 
 MiB = 1 << 20
@@ -57,7 +57,7 @@ def workload_identity(card: dict, gpu_index: int = 0) -> dict:
     """What the ladder measures: the card's workload as ``retest`` would run it with no lever (the recorded
     launch + the changes of earlier attempts that fixed their failure). Raises BadInput for a card whose
     workload cannot be re-run."""
-    from oomdoctor.retest import plan
+    from oomdoctor.retest.run import plan
 
     if not isinstance(card.get("workload"), dict) or not card["workload"]:
         raise BadInput("the card has no workload: nothing to start (record one with `oomdoctor record -- CMD ...`)")
@@ -378,8 +378,8 @@ class EngineRunner:
     def __init__(self, card: dict, plan, runs_dir: Path, gpu_index: int = 0, timeout_s: float = 900.0,
                  memory_timeout_s: float = 120.0, ballast: bool = True, progress: Callable[[str], None] | None = None,
                  baseline_free: int | None = None):
-        from oomdoctor.retest import _phase_watcher
-        from oomdoctor.rules import default_rules
+        from oomdoctor.retest.run import _phase_watcher
+        from oomdoctor.diagnose.rules import default_rules
 
         self.card, self.plan, self.runs_dir = card, plan, Path(runs_dir)
         self.gpu_index, self.timeout_s, self.memory_timeout_s = gpu_index, timeout_s, memory_timeout_s
@@ -392,15 +392,15 @@ class EngineRunner:
         self.baseline_free = baseline_free
 
     def _free_now(self) -> int | None:
-        from oomdoctor.retest import _gpu_state
+        from oomdoctor.retest.run import _gpu_state
 
         return _gpu_state(self.gpu_index)[1]
 
     def __call__(self, target: int) -> dict:
-        from oomdoctor.classify import diagnose_file
-        from oomdoctor.procs import wait_memory_back
-        from oomdoctor.retest import run_engine
-        from oomdoctor.workload import read_header
+        from oomdoctor.diagnose.classify import diagnose_file
+        from oomdoctor.retest.procs import wait_memory_back
+        from oomdoctor.retest.run import run_engine
+        from oomdoctor.card.workload import read_header
 
         if self.baseline_free is not None:
             ok, last = wait_memory_back(self.baseline_free, self._free_now, timeout_s=self.memory_timeout_s,
@@ -513,7 +513,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
     ident = workload_identity(card, gpu_index)
     plan = ident["plan"]
     if device is None:
-        from oomdoctor import device as devmod
+        from oomdoctor.device import nvml as devmod
 
         device = devmod.capture(with_processes=False)
     g = _gpu(device, gpu_index)
@@ -523,7 +523,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
                        f"({(device or {}).get('reason') or (device or {}).get('status') or 'no device state'}); "
                        "--no-ballast runs without holding memory (no measurement of the device)")
     eng = card.get("engine") or {}
-    from oomdoctor.retest import device_slug
+    from oomdoctor.retest.run import device_slug
 
     dev_rec: dict[str, Any] = ({"index": gpu_index, "name": g.get("name"), "total_bytes": g.get("total_bytes"),
                                 "free_at_ladder_start_bytes": g.get("free_bytes")} if g else
@@ -627,7 +627,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
             pass
         raise
     ladder["result"] = summarize(ladder, card, plan.workload, declared)
-    # the pass/fail points at the top of the section, under the names oomdoctor.profiles reads from a receipt
+    # the pass/fail points at the top of the section, under the names oomdoctor.profiles.core reads from a receipt
     ladder["pass_free_bytes"] = ladder["result"]["threshold_bytes"]
     ladder["fail_free_bytes"] = ladder["result"]["fails_at_bytes"] if ladder["result"]["threshold_bytes"] else None
     ladder["status"] = {"incomplete": "incomplete", "error": "stopped"}.get(ladder["result"]["status"], "done")

@@ -17,7 +17,7 @@ import yaml
 
 from oomdoctor import contract
 from oomdoctor.errors import RuleError
-from oomdoctor.parse import LogLine
+from oomdoctor.diagnose.parse import LogLine
 from oomdoctor.units import UNIT_BYTES, convert
 
 try:  # Python 3.11+: the regex parser moved under re._parser
@@ -338,11 +338,13 @@ def load_rules(root: Path) -> RuleSet:
     engines: dict[str, EngineSpec] = {}
     rules: list[Rule] = []
     seen: dict[str, str] = {}
-    for edir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        # the package keeps an engine's rules in engines/<engine>/rules/; a plain rules root has <engine>/ itself
+        edir = folder / "rules" if (folder / "rules").is_dir() else folder
         espec = edir / "engine.yaml"
         if not espec.exists():
             raise RuleError(f"{edir}: missing engine.yaml (engine name, versions covered, detection strings)")
-        engines[edir.name] = build_engine(_load_yaml(espec), espec, edir.name)
+        engines[folder.name] = build_engine(_load_yaml(espec), espec, folder.name)
         for f in sorted(edir.rglob("*.yaml")):
             if f.name == "engine.yaml":
                 continue
@@ -351,7 +353,7 @@ def load_rules(root: Path) -> RuleSet:
             if not isinstance(items, list):
                 raise RuleError(f"{f}: 'rules' must be a list")
             for item in items:
-                r = build_rule(item, f, edir.name)
+                r = build_rule(item, f, folder.name)
                 if r.id in seen:
                     raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
                 seen[r.id] = str(f)

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from oomdoctor import fingerprint as fpmod
-from oomdoctor import receipt as rcpt
+from oomdoctor.card import fingerprint as fpmod
+from oomdoctor.card import receipt as rcpt
 from oomdoctor.errors import BadInput
 from oomdoctor.units import parse_size
 

@@ -31,9 +31,9 @@ from typing import Any, Iterable
 import yaml
 
 from oomdoctor import __version__
-from oomdoctor import card as cardmod
+from oomdoctor.card import store as cardmod
 from oomdoctor.errors import BadInput
-from oomdoctor.fingerprint import fingerprint as _fingerprint
+from oomdoctor.card.fingerprint import fingerprint as _fingerprint
 from oomdoctor.redact import redact_obj
 
 SCHEMA_ID = "oomdoctor.receipt/v1"
@@ -293,7 +293,7 @@ def receipt_filename(effective_config: dict) -> str:
 
 def _check_effective_config(ec: Any) -> None:
     if not isinstance(ec, dict):
-        raise BadInput("receipt: effective_config must be the dict made by oomdoctor.fingerprint.effective_config")
+        raise BadInput("receipt: effective_config must be the dict made by oomdoctor.card.fingerprint.effective_config")
     errs = cardmod.validate(ec, EFFECTIVE_CONFIG_SCHEMA, "effective_config")
     if errs:
         raise BadInput(f"receipt: invalid field {errs[0]}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oomdoctor.errors import BadInput
-from oomdoctor.runtime import KV_PRESSURE_PERCENT
+from oomdoctor.diagnose.signals import KV_PRESSURE_PERCENT
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 ASCII_LEVELS = " .:-=+*#%@"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from oomdoctor.errors import BadInput
-from oomdoctor.read import CHUNK, GZIP_MAGIC, MAX_LINE_BYTES, SourceInfo, iter_lines, probe
+from oomdoctor.diagnose.read import CHUNK, GZIP_MAGIC, MAX_LINE_BYTES, SourceInfo, iter_lines, probe
 
 
 def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:

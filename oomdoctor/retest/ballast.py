@@ -3,7 +3,7 @@
 This is how a 24 GiB owner's failure is reproduced on a bigger GPU (``--emulate rtx4090``), and how
 a co-tenant recorded in an incident is reproduced. Run as its own process (it imports torch):
 
-    python -m oomdoctor.ballast TARGET_FREE_BYTES READY_JSON [--index N]
+    python -m oomdoctor.retest.ballast TARGET_FREE_BYTES READY_JSON [--index N]
 
 It writes READY_JSON ({"target_free", "held_bytes", "nvml_free", "nvml_total", ...}) when done.
 """

@@ -1,5 +1,5 @@
 """Stage 5 — the incident card: a versioned YAML document, validated against the JSON Schema
-shipped in ``oomdoctor/schema/incident-card.schema.json``.
+shipped in ``oomdoctor/card/schemas/incident-card.schema.json``.
 
 Cards are written atomically (temp file in the same folder, fsync, rename), secrets are
 redacted before anything is written, and appending an attempt re-reads the card from disk
@@ -26,7 +26,7 @@ from oomdoctor.errors import CardError
 from oomdoctor.redact import redact_obj
 
 SCHEMA_ID = "oomdoctor.incident/v1"
-SCHEMA_PATH = Path(__file__).with_name("schema") / "incident-card.schema.json"
+SCHEMA_PATH = Path(__file__).with_name("schemas") / "incident-card.schema.json"
 
 
 @dataclass

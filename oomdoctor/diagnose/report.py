@@ -72,7 +72,7 @@ def render(card: dict, card_path: str | None, file=None) -> None:
         con.print(t)
     rt = card.get("runtime") or {}
     if rt.get("timeline"):
-        from oomdoctor.timeline import render_text
+        from oomdoctor.analysis.timeline import render_text
 
         con.print(Text(render_text(rt, width=60)))
     if card.get("snapshot"):

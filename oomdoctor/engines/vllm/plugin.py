@@ -1,6 +1,6 @@
 """oomdoctor as a vLLM general plugin: every engine start recorded at the source, measured profiles applied.
 
-vLLM calls :func:`register` (entry point ``vllm.general_plugins: oomdoctor = oomdoctor.plugin:register``)
+vLLM calls :func:`register` (entry point ``vllm.general_plugins: oomdoctor = oomdoctor.engines.vllm.plugin:register``)
 with no arguments, once per process, in EVERY process: the front end (``LLM(...)`` or ``vllm serve``),
 the engine core and the workers. It does nothing at all unless ``OOMDOCTOR_PLUGIN=1``: installing
 oomdoctor never changes anyone's engine.
@@ -468,7 +468,7 @@ def _engine_version() -> str | None:
 
 
 def _capture_device() -> dict:
-    from oomdoctor import device  # noqa: PLC0415
+    from oomdoctor.device import nvml as device  # noqa: PLC0415
 
     return device.capture()
 
@@ -545,7 +545,7 @@ def _oomdoctor_version() -> str:
 
 
 def _apply_profile(ea: Any, explicit: dict, defaults: dict, minfo: dict, free: int | None, total: int | None) -> dict:
-    from oomdoctor import profiles as prof  # noqa: PLC0415
+    from oomdoctor.profiles import core as prof  # noqa: PLC0415
     from oomdoctor.errors import BadInput  # noqa: PLC0415
 
     path = os.environ[ENV_PROFILES]
@@ -828,7 +828,7 @@ def collect_log(start: dict, exc: BaseException | None) -> tuple[list[str], dict
 
 
 def workload_of(start: dict) -> dict:
-    from oomdoctor.workload import DEFAULT_REQUESTS  # noqa: PLC0415
+    from oomdoctor.card.workload import DEFAULT_REQUESTS  # noqa: PLC0415
 
     explicit = dict(start.get("explicit") or {})
     args: dict[str, Any] = {}
@@ -874,8 +874,8 @@ def workload_of(start: dict) -> dict:
 
 def write_card(start: dict, exc: BaseException | None) -> Path:
     """Diagnose the captured log and write an ``oomdoctor.incident/v1`` card (+ the log beside it)."""
-    from oomdoctor import card as cardmod  # noqa: PLC0415
-    from oomdoctor.classify import diagnose_file  # noqa: PLC0415
+    from oomdoctor.card import store as cardmod  # noqa: PLC0415
+    from oomdoctor.diagnose.classify import diagnose_file  # noqa: PLC0415
     from oomdoctor.commands.diagnose import build_card  # noqa: PLC0415
     inc = incidents_dir()
     inc.mkdir(parents=True, exist_ok=True)
@@ -922,7 +922,7 @@ def _ruleset():
     """oomdoctor's rules; when another engine's folder does not load, the vLLM rules alone (a broken
     llama.cpp rule must not cost a vLLM incident its card)."""
     from oomdoctor.paths import rules_dir  # noqa: PLC0415
-    from oomdoctor.rules import default_rules, load_rules  # noqa: PLC0415
+    from oomdoctor.diagnose.rules import default_rules, load_rules  # noqa: PLC0415
 
     try:
         return default_rules(), None

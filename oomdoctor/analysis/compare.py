@@ -5,7 +5,7 @@ trusting a comment (../shared/INCIDENTS.md, incident 3).
 
 - settings: window, max_num_seqs, max_num_batched_tokens, kv_cache_dtype, gpu_memory_utilization, the pinned
   kv_cache_memory_bytes, TP/PP, cpu offload, enforce_eager, quantization, dtype — from the explicit args line
-  (``non-default args``) and the resolved config line (:func:`oomdoctor.workload.from_log`); a setting on
+  (``non-default args``) and the resolved config line (:func:`oomdoctor.card.workload.from_log`); a setting on
   neither line is a default (its value is shown only where the engine version's default is known);
 - the ledger: free memory before the start, weights, activation peak and non-torch memory (where printed),
   CUDA graph memory, KV available / the pinned arena, KV tokens, KV bytes per token (derived), max
@@ -75,13 +75,13 @@ DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float32": 
 
 # ----------------------------------------------------------------------------- reading one start
 def _num(v: Any) -> Any:
-    from oomdoctor.fingerprint import normalize_value
+    from oomdoctor.card.fingerprint import normalize_value
 
     return normalize_value(v)
 
 
 def _version_in(v: str | None, spec: str) -> bool:
-    from oomdoctor.rules import version_in
+    from oomdoctor.diagnose.rules import version_in
 
     if not v:
         return False
@@ -92,9 +92,9 @@ def _version_in(v: str | None, spec: str) -> bool:
 
 
 def read_start(path: str | Path, engine: str | None = None, engine_version: str | None = None) -> dict:
-    from oomdoctor.classify import diagnose_file
-    from oomdoctor.rules import default_rules
-    from oomdoctor.workload import from_log
+    from oomdoctor.diagnose.classify import diagnose_file
+    from oomdoctor.diagnose.rules import default_rules
+    from oomdoctor.card.workload import from_log
 
     d = diagnose_file(path, default_rules(), engine=engine, engine_version=engine_version)
     wl = from_log(path, d.matches, d.engine)

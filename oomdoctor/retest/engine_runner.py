@@ -1,6 +1,6 @@
 """Runs one offline vLLM start and the recorded requests, in its own process (it imports vllm).
 
-    python -m oomdoctor.engine_runner MODEL 'JSON_LLM_KWARGS' 'JSON_REQUESTS'
+    python -m oomdoctor.retest.engine_runner MODEL 'JSON_LLM_KWARGS' 'JSON_REQUESTS'
 
 JSON_REQUESTS: {"prompt_tokens": 8, "max_tokens": 16, "count": 1, "concurrency": 1, "seed": 0}
 Prints ``OOMDOCTOR_READY {...}`` once the engine is up and ``OOMDOCTOR_RESULT {...}`` with the

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from oomdoctor.read import iter_lines
+from oomdoctor.diagnose.read import iter_lines
 from oomdoctor.redact import redact_argv, redact_env
 
 HEADER_LINES = 40

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from oomdoctor import __version__
-from oomdoctor import card as cardmod
-from oomdoctor import device as devmod
-from oomdoctor import levers as levermod
+from oomdoctor.card import store as cardmod
+from oomdoctor.device import nvml as devmod
+from oomdoctor.levers import engine as levermod
 from oomdoctor.errors import BadInput, OomdoctorError
-from oomdoctor.fingerprint import effective_config, fingerprint
+from oomdoctor.card.fingerprint import effective_config, fingerprint
 from oomdoctor.paths import SOURCE_ROOT
-from oomdoctor.procs import Group, cleanup_on_signals, python, wait_memory_back
+from oomdoctor.retest.procs import Group, cleanup_on_signals, python, wait_memory_back
 from oomdoctor.redact import MASK, redact_argv, redact_env
 from oomdoctor.units import NAMED_CARDS, human_bytes, parse_size
 
@@ -118,7 +118,7 @@ def launch_argv(wl: dict, port: int | None = None) -> list[str]:
     args = dict(wl.get("engine_args") or {})
     req = dict(wl.get("requests") or {})
     if launcher == "vllm-llm":
-        return [python(), "-m", "oomdoctor.engine_runner", str(wl["model"]), json.dumps(args, sort_keys=True),
+        return [python(), "-m", "oomdoctor.retest.engine_runner", str(wl["model"]), json.dumps(args, sort_keys=True),
                 json.dumps(req, sort_keys=True)]
     if launcher == "vllm-serve":
         argv = [python(), "-m", "vllm.entrypoints.cli.main", "serve", str(wl["model"])]
@@ -260,7 +260,7 @@ def run_engine(p: Plan, log_path: Path, gpu_index: int, timeout_s: float, progre
             ready.unlink(missing_ok=True)
             progress(f"ballast: holding memory until {human_bytes(p.emulate_free_bytes)} is free on GPU {gpu_index}")
             benv = dict(env, CUDA_VISIBLE_DEVICES=str(gpu_index))
-            ballast = Group([python(), "-m", "oomdoctor.ballast", str(p.emulate_free_bytes), str(ready), "--index", str(gpu_index)],
+            ballast = Group([python(), "-m", "oomdoctor.retest.ballast", str(p.emulate_free_bytes), str(ready), "--index", str(gpu_index)],
                             log_path.with_suffix(".ballast.log"), env=benv)
             while not ready.exists():
                 if ballast.proc.poll() is not None:
@@ -298,7 +298,7 @@ def run_engine(p: Plan, log_path: Path, gpu_index: int, timeout_s: float, progre
         served = False
         try:
             if port:
-                from oomdoctor import client
+                from oomdoctor.retest import client
 
                 deadline = timeout_s - (time.monotonic() - t0)
                 if client.wait_ready(port, lambda: eng.proc.poll() is None, deadline):
@@ -420,8 +420,8 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
     run_dir = run_dir.parent / (run_dir.name + ".runs")
     n_prev = len(card.get("attempts") or [])
     log_path = run_dir / f"attempt-{n_prev + 1}-{lever['id']}.log"
-    from oomdoctor.classify import diagnose_file
-    from oomdoctor.rules import default_rules
+    from oomdoctor.diagnose.classify import diagnose_file
+    from oomdoctor.diagnose.rules import default_rules
 
     ruleset = default_rules()
     watch = _phase_watcher(ruleset, eng.get("name") or "vllm")
@@ -484,7 +484,7 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
 
 
 def _sha(p: Path) -> str | None:
-    from oomdoctor.read import file_sha256
+    from oomdoctor.diagnose.read import file_sha256
 
     try:
         return file_sha256(p)
@@ -502,7 +502,7 @@ def _real_engine_available(card: dict) -> bool:
 
 
 def _phase_watcher(ruleset, engine: str) -> Callable[[str], str | None]:
-    from oomdoctor.parse import parse_line
+    from oomdoctor.diagnose.parse import parse_line
 
     ms = [r for r in ruleset.rules if r.engine == engine and r.role == "milestone"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from oomdoctor.classify import Diagnosis, diagnose_file
-from oomdoctor.rules import Rule, RuleSet
+from oomdoctor.diagnose.classify import Diagnosis, diagnose_file
+from oomdoctor.diagnose.rules import Rule, RuleSet
 
 NUMBER_TOLERANCE = 0.0   # numbers are compared exactly (they are ints computed from the printed text)
 
@@ -23,8 +23,14 @@ class CaseResult:
     problems: list[str]
 
 
-def fixtures_root(rules_root: Path) -> Path:
-    return Path(rules_root).resolve().parent / "fixtures" / "logs"
+def fixtures_root(rules_root: Path | None = None) -> Path:
+    """Fixtures of a plain rules root sit in ``fixtures/logs`` beside it; the bundled rules use paths.fixtures_dir()."""
+    from oomdoctor.paths import ENGINES_DIR, fixtures_dir
+    if rules_root is not None and Path(rules_root).resolve() != ENGINES_DIR.resolve():
+        beside = Path(rules_root).resolve().parent / "fixtures" / "logs"
+        if beside.is_dir():
+            return beside
+    return fixtures_dir()
 
 
 def check_case(rule: Rule, case: dict, d: Diagnosis) -> list[str]:

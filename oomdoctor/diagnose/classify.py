@@ -19,11 +19,11 @@ from typing import Any, Iterable
 
 from oomdoctor import contract
 from oomdoctor.errors import BadInput
-from oomdoctor.parse import LogLine, parse_line
-from oomdoctor.read import SourceInfo
-from oomdoctor.rules import EngineSpec, Rule, RuleSet, anchors_of, version_in
-from oomdoctor.runtime import RuntimeTracker
-from oomdoctor.scan import scan
+from oomdoctor.diagnose.parse import LogLine, parse_line
+from oomdoctor.diagnose.read import SourceInfo
+from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet, anchors_of, version_in
+from oomdoctor.diagnose.signals import RuntimeTracker
+from oomdoctor.diagnose.scan import scan
 
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
 FRAME_WINDOW = 800           # how far back traceback frames are looked for
