@@ -16,7 +16,7 @@ import yaml
 
 from oomdoctor.card import store as cardmod
 from oomdoctor.diagnose.classify import diagnose_file
-from oomdoctor.commands.diagnose import build_card
+from oomdoctor.card.build import build_card
 from oomdoctor.errors import BadInput
 from oomdoctor.analysis.ladder import (bracket_state, exit_code, expected_starts, next_rung, read_profile, run_ladder)
 from oomdoctor.diagnose.rules import default_rules

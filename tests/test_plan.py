@@ -9,7 +9,7 @@ import pytest
 
 from oomdoctor.engines.vllm import memory as M
 from oomdoctor.cli import main
-from oomdoctor.commands import plan as P
+from oomdoctor.levers import plan as P
 from oomdoctor.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent

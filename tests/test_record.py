@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from oomdoctor.cli import main
-from oomdoctor.commands.record import workload_from_argv
+from oomdoctor.card.workload import workload_from_argv
 from oomdoctor.retest.run import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent

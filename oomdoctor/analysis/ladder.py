@@ -75,7 +75,7 @@ def workload_identity(card: dict, gpu_index: int = 0) -> dict:
 
 def card_for_command(argv: list[str], requests: dict | None = None) -> dict:
     """A card for a generic ``-- CMD ...`` workload (no log yet: class unknown, no numbers, no levers)."""
-    from oomdoctor.commands.record import workload_from_argv
+    from oomdoctor.card.workload import workload_from_argv
 
     wl = workload_from_argv(list(argv), dict(requests or {}))
     wl["source"] = "oomdoctor ladder -- CMD"

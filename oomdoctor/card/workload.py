@@ -8,7 +8,9 @@ config: ...`` = the resolved ones).
 """
 from __future__ import annotations
 
+
 import ast
+import os
 import json
 import re
 import shlex
@@ -171,3 +173,50 @@ def _shlex_ok(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def workload_from_argv(argv: list[str], requests: dict) -> dict:
+    """`vllm serve MODEL --flag v ...` or `python -m vllm.entrypoints.cli.main serve ...` → a vllm-serve workload;
+    anything else → a generic `command` workload (flags of levers are appended to its argv)."""
+    from oomdoctor.redact import redact_env
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
+                                                                  "HF_", "TRANSFORMERS_", "NCCL_"))}
+    serve_at = None
+    for i, a in enumerate(argv):
+        if a == "serve" and i > 0 and (argv[i - 1].endswith("vllm") or argv[i - 1] == "vllm.entrypoints.cli.main"):
+            serve_at = i
+            break
+    wl: dict = {"env": redact_env(env), "requests": {**DEFAULT_REQUESTS, **requests}, "baseline": None, "source": "oomdoctor record"}
+    if serve_at is not None and serve_at + 1 < len(argv):
+        model = argv[serve_at + 1]
+        args: dict = {}
+        rest = argv[serve_at + 2:]
+        i = 0
+        while i < len(rest):
+            a = rest[i]
+            if not a.startswith("--"):
+                i += 1
+                continue
+            key, _, val = a[2:].partition("=")
+            key = key.replace("-", "_")
+            if val:
+                args[key] = _coerce(val)
+            elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+                args[key] = _coerce(rest[i + 1])
+                i += 1
+            elif key.startswith("no_"):
+                args[key[3:]] = False
+            else:
+                args[key] = True
+            i += 1
+        args.pop("port", None)
+        wl.update(launcher="vllm-serve", model=model, engine_args=args, explicit_args=sorted(args))
+    else:
+        wl.update(launcher="command", model=None, argv=list(argv), engine_args={}, base_args={}, explicit_args=[])
+    return wl
+
+
+def _coerce(v: str):
+    from oomdoctor.card.fingerprint import normalize_value
+    return normalize_value(v)

@@ -14,49 +14,7 @@ from pathlib import Path
 import click
 
 from oomdoctor import contract
-
-
-def workload_from_argv(argv: list[str], requests: dict) -> dict:
-    """`vllm serve MODEL --flag v ...` or `python -m vllm.entrypoints.cli.main serve ...` → a vllm-serve workload;
-    anything else → a generic `command` workload (flags of levers are appended to its argv)."""
-    from oomdoctor.redact import redact_env
-    from oomdoctor.card.workload import DEFAULT_REQUESTS
-
-    env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
-                                                                  "HF_", "TRANSFORMERS_", "NCCL_"))}
-    serve_at = None
-    for i, a in enumerate(argv):
-        if a == "serve" and i > 0 and (argv[i - 1].endswith("vllm") or argv[i - 1] == "vllm.entrypoints.cli.main"):
-            serve_at = i
-            break
-    wl: dict = {"env": redact_env(env), "requests": {**DEFAULT_REQUESTS, **requests}, "baseline": None, "source": "oomdoctor record"}
-    if serve_at is not None and serve_at + 1 < len(argv):
-        model = argv[serve_at + 1]
-        args: dict = {}
-        rest = argv[serve_at + 2:]
-        i = 0
-        while i < len(rest):
-            a = rest[i]
-            if not a.startswith("--"):
-                i += 1
-                continue
-            key, _, val = a[2:].partition("=")
-            key = key.replace("-", "_")
-            if val:
-                args[key] = _coerce(val)
-            elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-                args[key] = _coerce(rest[i + 1])
-                i += 1
-            elif key.startswith("no_"):
-                args[key[3:]] = False
-            else:
-                args[key] = True
-            i += 1
-        args.pop("port", None)
-        wl.update(launcher="vllm-serve", model=model, engine_args=args, explicit_args=sorted(args))
-    else:
-        wl.update(launcher="command", model=None, argv=list(argv), engine_args={}, base_args={}, explicit_args=[])
-    return wl
+from oomdoctor.card.workload import workload_from_argv
 
 
 def _emulation_for(target: str, gpu_index: int) -> str | None:
@@ -97,11 +55,6 @@ def write_gate_receipt(sc, card: dict, diag, rr, target: str, before: dict, rece
     return write_receipt(dest, sc.effective_config, attempt, source={"path": sc.path, "profile": sc.profile})
 
 
-def _coerce(v: str):
-    from oomdoctor.card.fingerprint import normalize_value
-    return normalize_value(v)
-
-
 @click.command("record", context_settings={"ignore_unknown_options": True})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=False)
 @click.option("--serving-config", "serving_config", type=click.Path(path_type=Path), default=None,
@@ -132,7 +85,7 @@ def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | N
     from oomdoctor.card import store as cardmod
     from oomdoctor.device import nvml as devmod
     from oomdoctor.diagnose.classify import diagnose_file
-    from oomdoctor.commands.diagnose import build_card
+    from oomdoctor.card.build import build_card
     from oomdoctor.paths import default_incidents_dir
     from oomdoctor.diagnose.report import contract_json, print_json, render
     from oomdoctor.retest.run import Plan, run_engine, _phase_watcher, launch_argv

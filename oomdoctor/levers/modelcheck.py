@@ -48,7 +48,7 @@ def _short(result: dict) -> dict:
 def check(card: dict, model_dir: str, gpu_memory: str | int | None = None) -> dict:
     """Attach the model's predictions to ``card`` (``model_check`` and ``levers[i].predicted.model``); returns the
     model_check section. BadInput when the device size is unknown or the model directory is unusable."""
-    from oomdoctor.commands.plan import plan
+    from oomdoctor.levers.plan import plan
 
     total, free = _device(card, gpu_memory)
     if total is None:

@@ -876,7 +876,7 @@ def write_card(start: dict, exc: BaseException | None) -> Path:
     """Diagnose the captured log and write an ``oomdoctor.incident/v1`` card (+ the log beside it)."""
     from oomdoctor.card import store as cardmod  # noqa: PLC0415
     from oomdoctor.diagnose.classify import diagnose_file  # noqa: PLC0415
-    from oomdoctor.commands.diagnose import build_card  # noqa: PLC0415
+    from oomdoctor.card.build import build_card  # noqa: PLC0415
     inc = incidents_dir()
     inc.mkdir(parents=True, exist_ok=True)
     lines, sources = collect_log(start, exc)

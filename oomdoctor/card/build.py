@@ -1,0 +1,59 @@
+"""The card stage: a diagnosis, its workload, device state and levers become one incident card."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | None = None) -> dict:
+    from oomdoctor.card import store as cardmod
+    from oomdoctor.levers import engine as levermod
+    from oomdoctor.device.nvml import log_device_statements
+    from oomdoctor.card.workload import from_log
+
+    wl = from_log(log, diag.matches, diag.engine)
+    nums = dict(diag.numbers)
+    # the matched rule lists the levers that apply to its failure (data); the lever engine ranks them
+    levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=diag.levers or None)
+    summary = diag.message.split(". ")[0].strip() if diag.message else ""
+    if diag.klass == "unknown" and not diag.root:
+        summary = "; ".join(diag.notes[:1]) or "no failure found in the log"
+    c = cardmod.Card(
+        id=cardmod.new_id(diag.klass, diag.source.sha256),
+        created_at=cardmod.now_iso(),
+        summary=summary,
+        source={"path": str(log), "sha256": diag.source.sha256, "size_bytes": diag.source.size_bytes,
+                "lines": diag.source.lines, "compressed": diag.source.compressed},
+        engine={"name": diag.engine, "version": diag.engine_version, "version_line": diag.engine_version_line},
+        classification={**diag.classification(), "basis": diag.phase_basis},
+        phase_reached=diag.phase_reached,
+        evidence=diag.evidence,
+        numbers=nums,
+        numbers_source=diag.numbers_source,
+        numbers_by_process=diag.numbers_by_process,
+        device=device_state,
+        log_device=log_device_statements(nums, diag.numbers_source),
+        workload=wl,
+        levers=levers,
+        runtime=card_runtime(diag.runtime),
+        notes=list(diag.notes) + list(extra_notes or []),
+    )
+    return c.to_dict()
+
+
+CARD_TIMELINE_SAMPLES = 240
+
+
+def card_runtime(summary: dict) -> dict:
+    """The runtime summary as the card keeps it: the preemption episodes, and at most 240 timeline samples."""
+    if not summary:
+        return {}
+    from oomdoctor.analysis.timeline import episodes
+
+    out = dict(summary)
+    tl = summary.get("timeline") or []
+    if len(tl) > CARD_TIMELINE_SAMPLES:
+        step = -(-len(tl) // CARD_TIMELINE_SAMPLES)
+        out["timeline"] = tl[::step]
+        out["timeline_downsampled_from"] = len(tl)
+    out["episodes"] = episodes(summary)
+    return out
