@@ -21,7 +21,7 @@ import yaml
 
 from oomdoctor.card import store as cardmod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 H200_TOTAL = 150_754_820_096
 
@@ -423,7 +423,7 @@ def test_register_is_idempotent(fake, monkeypatch):
     plugin.register()
     plugin.register()
     assert EngineArgs.__dict__["create_engine_config"] is first and first.__wrapped__ is orig
-    assert sum(isinstance(h, plugin._Capture) for h in logging.getLogger("vllm").handlers) == 1
+    assert sum(isinstance(h, plugin.Capture) for h in logging.getLogger("vllm").handlers) == 1
     from vllm import LLM
 
     LLM(model=fake["model"], max_model_len=4096)
@@ -444,7 +444,7 @@ def test_dictconfig_reconfiguration_keeps_the_capture(fake, monkeypatch):
     import vllm.logger as vlog
 
     vlog._configure_vllm_root_logger()          # 0.33.0 re-runs dictConfig: foreign handlers dropped
-    assert any(isinstance(h, plugin._Capture) for h in logging.getLogger("vllm").handlers)
+    assert any(isinstance(h, plugin.Capture) for h in logging.getLogger("vllm").handlers)
 
 
 # ----------------------------------------------------------------------------- failures → cards
@@ -455,7 +455,7 @@ def test_engine_start_failure_writes_a_retestable_card(fake, monkeypatch):
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))        # a ballast left 24 GiB on the H200
     monkeypatch.setenv("HF_TOKEN", "hf_" + "b" * 30)
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(24 * GiB + (512 << 20)))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(24 * GiB + (512 << 20)))
     plugin.register()
     from vllm import LLM
 
@@ -573,9 +573,10 @@ def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, cap
 
     ok = LLM(model=fake["model"], max_model_len=4096).llm_engine.vllm_config
     logging.getLogger("vllm").propagate = True
-    for name in ("_before_config", "_after_config", "_capture_device", "_append_start", "explicit_args"):
+    for name in ("hooks._before_config", "lifecycle.after_config", "record.capture_device", "lifecycle.append_start",
+                 "record.explicit_args"):
         with monkeypatch.context() as m:
-            m.setattr(plugin, name, _boom)
+            m.setattr(f"oomdoctor.engines.vllm.plugin.{name}", _boom)
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="vllm.oomdoctor"):
                 got = LLM(model=fake["model"], max_model_len=4096).llm_engine.vllm_config
@@ -593,19 +594,19 @@ def test_a_failing_recorder_never_changes_the_engines_exception(fake, monkeypatc
     from vllm import LLM
 
     with monkeypatch.context() as m:              # the card writer and NVML fail: the engine's own exception
-        m.setattr(plugin, "write_card", _boom)
-        m.setattr(plugin, "_capture_device", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.card.write_card", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", _boom)
         with pytest.raises(RuntimeError) as ei:
             LLM(model=fake["model"], max_model_len=4096)
         assert str(ei.value) == ("Engine core initialization failed. See root cause above. "
                                  "Failed core proc(s): {'EngineCore': 1}")
     assert not list(fake["inc"].glob("*.yaml"))
     with monkeypatch.context() as m:              # the recorder fails before create_engine_config raises
-        m.setattr(plugin, "_before_config", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.hooks._before_config", _boom)
         with pytest.raises(ValueError, match="greater than the derived"):
             LLM(model=fake["model"], max_model_len=9_000_000)
     with monkeypatch.context() as m:              # the log collection fails: same exception again
-        m.setattr(plugin, "collect_log", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.card.collect_log", _boom)
         with pytest.raises(RuntimeError, match="^Engine core initialization failed"):
             LLM(model=fake["model"], max_model_len=4096)
     assert not list(fake["inc"].glob("*.yaml"))
@@ -634,7 +635,7 @@ def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
     pf.write_text(yaml.safe_dump(PROFILES))
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("OOMDOCTOR_PROFILES", str(pf))
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(24 * GiB))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(24 * GiB))
     plugin.register()
     logging.getLogger("vllm").propagate = True
     from vllm import LLM
@@ -684,7 +685,7 @@ def test_profile_forced_by_env_and_broken_profile_file(fake, monkeypatch):
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("OOMDOCTOR_PROFILES", str(pf))
     monkeypatch.setenv("OOMDOCTOR_PROFILE", "mid_131k")
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(100 * GiB))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(100 * GiB))
     plugin.register()
     from vllm import LLM
 
@@ -774,7 +775,7 @@ def test_the_log_tail_is_bounded(fake, monkeypatch):
     lg = logging.getLogger("vllm.noise")
     for i in range(500):
         lg.info("noise %d", i)
-    assert len(plugin._S["handler"].buf) == 60
+    assert len(plugin.S["handler"].buf) == 60
     from vllm import LLM
 
     with pytest.raises(RuntimeError):
