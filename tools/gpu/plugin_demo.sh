@@ -41,7 +41,7 @@ TOTAL_S=${TOTAL_S:-470}          # the whole run stays under ~8 minutes: steps s
 T0=$SECONDS
 left() { echo $((TOTAL_S - (SECONDS - T0))); }
 cap() { local want=$1 l; l=$(( $(left) - 25 )); [ "$l" -lt "$want" ] && want=$l; echo "$want"; }
-[ -f "$ROOT/oomdoctor/plugin.py" ] || { echo "run from the repository root" >&2; exit 2; }
+[ -f "$ROOT/oomdoctor/engines/vllm/plugin/__init__.py" ] || { echo "run from the repository root" >&2; exit 2; }
 mkdir -p "$OUT" && rm -rf "$OUT/incidents" "$OUT/ladder-incidents" "$OUT/ep"
 
 # ---- the entry point, as pip would install it

@@ -21,7 +21,7 @@ import yaml
 
 from oomdoctor.card import store as cardmod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 H200_TOTAL = 150_754_820_096
 
@@ -337,6 +337,7 @@ def fake_device(free: int, total: int = H200_TOTAL) -> dict:
 
 
 # ----------------------------------------------------------------------------- off by default
+@pytest.mark.slow
 def test_off_by_default_changes_nothing(fake):
     from oomdoctor.engines.vllm import plugin
     from vllm.engine.arg_utils import EngineArgs
@@ -358,6 +359,7 @@ def test_off_by_default_changes_nothing(fake):
 
 
 # ----------------------------------------------------------------------------- on: what is recorded
+@pytest.mark.slow
 def test_records_explicit_vs_defaults_and_resolved(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -411,6 +413,7 @@ def test_explicit_args_reads_vllm_defaults_not_constants(fake):
     assert argv_fields(["--port", "8000", "--host=x"], ["max_model_len", "model"]) == []
 
 
+@pytest.mark.slow
 def test_register_is_idempotent(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -423,7 +426,7 @@ def test_register_is_idempotent(fake, monkeypatch):
     plugin.register()
     plugin.register()
     assert EngineArgs.__dict__["create_engine_config"] is first and first.__wrapped__ is orig
-    assert sum(isinstance(h, plugin._Capture) for h in logging.getLogger("vllm").handlers) == 1
+    assert sum(isinstance(h, plugin.Capture) for h in logging.getLogger("vllm").handlers) == 1
     from vllm import LLM
 
     LLM(model=fake["model"], max_model_len=4096)
@@ -444,10 +447,11 @@ def test_dictconfig_reconfiguration_keeps_the_capture(fake, monkeypatch):
     import vllm.logger as vlog
 
     vlog._configure_vllm_root_logger()          # 0.33.0 re-runs dictConfig: foreign handlers dropped
-    assert any(isinstance(h, plugin._Capture) for h in logging.getLogger("vllm").handlers)
+    assert any(isinstance(h, plugin.Capture) for h in logging.getLogger("vllm").handlers)
 
 
 # ----------------------------------------------------------------------------- failures → cards
+@pytest.mark.slow
 def test_engine_start_failure_writes_a_retestable_card(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
     from oomdoctor.retest import run as rt
@@ -455,7 +459,7 @@ def test_engine_start_failure_writes_a_retestable_card(fake, monkeypatch):
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("FAKE_FREE_BYTES", str(24 * GiB))        # a ballast left 24 GiB on the H200
     monkeypatch.setenv("HF_TOKEN", "hf_" + "b" * 30)
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(24 * GiB + (512 << 20)))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(24 * GiB + (512 << 20)))
     plugin.register()
     from vllm import LLM
 
@@ -511,6 +515,7 @@ def test_create_engine_config_failure_writes_a_card(fake, monkeypatch):
     assert card["workload"]["engine_args"]["max_model_len"] == 8_000_000
 
 
+@pytest.mark.slow
 def test_log_file_is_used_when_pointed_at(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -531,6 +536,7 @@ def test_log_file_is_used_when_pointed_at(fake, monkeypatch):
     assert card["numbers"]["free_at_start_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_serve_launch_records_flags_and_argv(fake, monkeypatch):
     import argparse
 
@@ -564,6 +570,7 @@ def _boom(*a, **k):
     raise RuntimeError("recorder exploded")
 
 
+@pytest.mark.slow
 def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, caplog):
     from oomdoctor.engines.vllm import plugin
 
@@ -573,9 +580,10 @@ def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, cap
 
     ok = LLM(model=fake["model"], max_model_len=4096).llm_engine.vllm_config
     logging.getLogger("vllm").propagate = True
-    for name in ("_before_config", "_after_config", "_capture_device", "_append_start", "explicit_args"):
+    for name in ("hooks._before_config", "lifecycle.after_config", "record.capture_device", "lifecycle.append_start",
+                 "record.explicit_args"):
         with monkeypatch.context() as m:
-            m.setattr(plugin, name, _boom)
+            m.setattr(f"oomdoctor.engines.vllm.plugin.{name}", _boom)
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="vllm.oomdoctor"):
                 got = LLM(model=fake["model"], max_model_len=4096).llm_engine.vllm_config
@@ -584,6 +592,7 @@ def test_a_failing_recorder_never_changes_a_passing_start(fake, monkeypatch, cap
                        for r in caplog.records), name
 
 
+@pytest.mark.slow
 def test_a_failing_recorder_never_changes_the_engines_exception(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -593,19 +602,19 @@ def test_a_failing_recorder_never_changes_the_engines_exception(fake, monkeypatc
     from vllm import LLM
 
     with monkeypatch.context() as m:              # the card writer and NVML fail: the engine's own exception
-        m.setattr(plugin, "write_card", _boom)
-        m.setattr(plugin, "_capture_device", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.card.write_card", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", _boom)
         with pytest.raises(RuntimeError) as ei:
             LLM(model=fake["model"], max_model_len=4096)
         assert str(ei.value) == ("Engine core initialization failed. See root cause above. "
                                  "Failed core proc(s): {'EngineCore': 1}")
     assert not list(fake["inc"].glob("*.yaml"))
     with monkeypatch.context() as m:              # the recorder fails before create_engine_config raises
-        m.setattr(plugin, "_before_config", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.hooks._before_config", _boom)
         with pytest.raises(ValueError, match="greater than the derived"):
             LLM(model=fake["model"], max_model_len=9_000_000)
     with monkeypatch.context() as m:              # the log collection fails: same exception again
-        m.setattr(plugin, "collect_log", _boom)
+        m.setattr("oomdoctor.engines.vllm.plugin.card.collect_log", _boom)
         with pytest.raises(RuntimeError, match="^Engine core initialization failed"):
             LLM(model=fake["model"], max_model_len=4096)
     assert not list(fake["inc"].glob("*.yaml"))
@@ -627,6 +636,7 @@ PROFILES = {
 }
 
 
+@pytest.mark.slow
 def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
     from oomdoctor.engines.vllm import plugin
 
@@ -634,7 +644,7 @@ def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
     pf.write_text(yaml.safe_dump(PROFILES))
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("OOMDOCTOR_PROFILES", str(pf))
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(24 * GiB))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(24 * GiB))
     plugin.register()
     logging.getLogger("vllm").propagate = True
     from vllm import LLM
@@ -660,6 +670,7 @@ def test_profile_selected_and_only_defaults_filled(fake, monkeypatch, caplog):
     assert starts(fake["inc"])[-1]["profile"]["selected"] is None
 
 
+@pytest.mark.slow
 def test_profiles_without_nvml_leave_defaults(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -676,6 +687,7 @@ def test_profiles_without_nvml_leave_defaults(fake, monkeypatch):
     assert prof["selected"] is None and "NVML unavailable" in prof["reasons"][0]
 
 
+@pytest.mark.slow
 def test_profile_forced_by_env_and_broken_profile_file(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -684,7 +696,7 @@ def test_profile_forced_by_env_and_broken_profile_file(fake, monkeypatch):
     monkeypatch.setenv("OOMDOCTOR_PLUGIN", "1")
     monkeypatch.setenv("OOMDOCTOR_PROFILES", str(pf))
     monkeypatch.setenv("OOMDOCTOR_PROFILE", "mid_131k")
-    monkeypatch.setattr(plugin, "_capture_device", lambda: fake_device(100 * GiB))
+    monkeypatch.setattr("oomdoctor.engines.vllm.plugin.record.capture_device", lambda: fake_device(100 * GiB))
     plugin.register()
     from vllm import LLM
 
@@ -697,6 +709,7 @@ def test_profile_forced_by_env_and_broken_profile_file(fake, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- vLLM's own loader, spawn
+@pytest.mark.slow
 def test_entry_point_loads_the_plugin_in_every_process_spawn(tmp_path):
     """What `pip install oomdoctor` gives (and tools/gpu/plugin_demo.sh emulates with a dist-info shim):
     vLLM's load_general_plugins calls register() in the front end AND in a spawned engine core, whose
@@ -764,6 +777,7 @@ def test_records_are_formatted_like_vllm_lines():
     assert format_record(rec).startswith("ERROR ")
 
 
+@pytest.mark.slow
 def test_the_log_tail_is_bounded(fake, monkeypatch):
     from oomdoctor.engines.vllm import plugin
 
@@ -774,7 +788,7 @@ def test_the_log_tail_is_bounded(fake, monkeypatch):
     lg = logging.getLogger("vllm.noise")
     for i in range(500):
         lg.info("noise %d", i)
-    assert len(plugin._S["handler"].buf) == 60
+    assert len(plugin.S["handler"].buf) == 60
     from vllm import LLM
 
     with pytest.raises(RuntimeError):
@@ -784,3 +798,29 @@ def test_the_log_tail_is_bounded(fake, monkeypatch):
     text = Path(card["source"]["path"]).read_text().splitlines()
     assert len(text) <= 2 + 1 + 60 + 40          # header + tail + the exception
     assert card["classification"]["class"] == "free_memory_below_utilization"
+
+
+@pytest.mark.parametrize("layout", ["package", "plain"])
+def test_a_broken_engine_folder_leaves_the_vllm_rules_alone(tmp_path, monkeypatch, layout):
+    """The fallback rule set holds vLLM's rules and nothing else, for the package's ``engines/<e>/rules/`` layout
+    and for a plain ``OOMDOCTOR_RULES`` root (``<e>/engine.yaml``)."""
+    import shutil
+
+    from oomdoctor.diagnose.rules import load_rules
+    from oomdoctor.engines.vllm.plugin.card import ruleset
+    from oomdoctor.paths import ENGINES_DIR
+
+    root = tmp_path / "rules"
+    for eng in ("vllm", "llamacpp", "sglang"):
+        dest = root / eng / "rules" if layout == "package" else root / eng
+        shutil.copytree(ENGINES_DIR / eng / "rules", dest)
+    if layout == "package":
+        (root / "vllm" / "stray.yaml").write_text("id: [not a rule\n")     # beside rules/, never read
+    full = {r.id for r in load_rules(root).rules if r.engine == "vllm"}
+    broken = root / "llamacpp" / ("rules" if layout == "package" else "") / "zz_broken.yaml"
+    broken.write_text("id: [broken\n")
+    monkeypatch.setenv("OOMDOCTOR_RULES", str(root))
+    rs, note = ruleset()
+    assert set(rs.engines) == {"vllm"} and {r.engine for r in rs.rules} == {"vllm"}
+    assert {r.id for r in rs.rules} == full
+    assert note and "the vLLM rules alone were used" in note and "zz_broken.yaml" in note
