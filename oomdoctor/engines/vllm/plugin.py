@@ -74,8 +74,6 @@ MEMORY_FIELDS = ("max_model_len", "gpu_memory_utilization", "kv_cache_memory_byt
 # env kept in the card's workload (the same families `oomdoctor record` keeps); OOMDOCTOR_* never
 ENV_PREFIXES = ("VLLM_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "HF_", "TRANSFORMERS_", "NCCL_")
 SERVE_CONTEXTS = ("OPENAI_API_SERVER", "API_SERVER")
-SHORT_FLAGS = {"-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size", "-dp": "data_parallel_size",
-               "-q": "quantization", "-O": "compilation_config", "-cc": "compilation_config"}
 
 log = logging.getLogger("vllm.oomdoctor")
 _LOCK = threading.RLock()
@@ -378,26 +376,10 @@ def explicit_args(engine_args: Any, argv: list[str] | None = None) -> tuple[dict
 
 
 def argv_fields(argv: list[str], names: list[str]) -> list[str]:
-    """EngineArgs fields named by flags on a command line (``--max-model-len 8k``, ``--no-enforce-eager``,
-    ``-tp 2``, unique prefixes as argparse allows)."""
-    known = set(names)
-    out: list[str] = []
-    for a in argv:
-        if a in SHORT_FLAGS:
-            out.append(SHORT_FLAGS[a])
-            continue
-        if not a.startswith("--") or a == "--":
-            continue
-        key = a[2:].split("=", 1)[0].replace("-", "_")
-        for k in (key, key[3:] if key.startswith("no_") else None, key[8:] if key.startswith("disable_") else None):
-            if k and k in known:
-                out.append(k)
-                break
-        else:
-            pref = [n for n in known if n.startswith(key)] if key else []
-            if len(pref) == 1:
-                out.append(pref[0])
-    return [n for n in dict.fromkeys(out) if n in known]
+    """EngineArgs fields named by flags on a command line (THE vLLM argv reader: engines/vllm/argv.py)."""
+    from oomdoctor.engines.vllm.argv import flagged_fields  # noqa: PLC0415
+
+    return flagged_fields(argv, names)
 
 
 def model_info(model: Any, revision: Any = None) -> dict:
