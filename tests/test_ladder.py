@@ -93,7 +93,7 @@ def test_bisection_finds_the_hidden_threshold_in_log2_starts(tmp_path: Path, thr
     assert on_disk["precision_bytes"] == prec
     assert on_disk["workload_fingerprint"].startswith("sha256:") and on_disk["config_fingerprint"].startswith("sha256:")
     assert (on_disk["engine"], on_disk["engine_version"]) == ("vllm", "0.25.1")
-    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles.core reads from a receipt)
+    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles reads from a receipt)
     assert on_disk["pass_free_bytes"] == res["passes_at_bytes"] and on_disk["fail_free_bytes"] == res["fails_at_bytes"]
     # rungs are midpoints of the open interval rounded to the precision grid (anchored at low)
     assert all((t - low) % prec == 0 for t in fake.calls if t not in (low, high))

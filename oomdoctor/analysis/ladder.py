@@ -627,7 +627,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
             pass
         raise
     ladder["result"] = summarize(ladder, card, plan.workload, declared)
-    # the pass/fail points at the top of the section, under the names oomdoctor.profiles.core reads from a receipt
+    # the pass/fail points at the top of the section, under the names oomdoctor.profiles reads from a receipt
     ladder["pass_free_bytes"] = ladder["result"]["threshold_bytes"]
     ladder["fail_free_bytes"] = ladder["result"]["fails_at_bytes"] if ladder["result"]["threshold_bytes"] else None
     ladder["status"] = {"incomplete": "incomplete", "error": "stopped"}.get(ladder["result"]["status"], "done")

@@ -527,7 +527,7 @@ def _oomdoctor_version() -> str:
 
 
 def _apply_profile(ea: Any, explicit: dict, defaults: dict, minfo: dict, free: int | None, total: int | None) -> dict:
-    from oomdoctor.profiles import core as prof  # noqa: PLC0415
+    from oomdoctor import profiles as prof  # noqa: PLC0415
     from oomdoctor.errors import BadInput  # noqa: PLC0415
 
     path = os.environ[ENV_PROFILES]

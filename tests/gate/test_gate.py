@@ -21,7 +21,7 @@ from oomdoctor.card import receipt as rcpt
 from oomdoctor.cli import main
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "gate-demo"
 PROFILES = "models/qwen3-30b-a3b-fp8/serving-profiles.json"
 VLLM_YAML = "deploy/vllm.yaml"
