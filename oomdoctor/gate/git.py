@@ -98,7 +98,7 @@ class Git:
                 if not fp.is_file():
                     continue
                 h = self._run(["hash-object", "--", p], cwd=self.root)
-                old = by_blob.pop(h.stdout.decode().strip(), None) if h.returncode == 0 else None
+                old = by_blob.pop(h.stdout.decode().strip(), "") if h.returncode == 0 else ""
                 if old:
                     res[p] = ("R", old)
         return res

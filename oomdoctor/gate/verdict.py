@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from oomdoctor.card import fingerprint as fpmod
 from oomdoctor.card import receipt as rcpt
@@ -72,49 +73,67 @@ def record_command(sc: ServingConfig, project: Project | None = None) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+class Verdict(NamedTuple):
+    status: str                     # pass | fail
+    reason_code: str
+    reason: str
+    receipt: dict | None
+    diff: list[str]
+
+
 def _same_except_version(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "engine_version"} == {k: v for k, v in b.items() if k != "engine_version"}
 
 
-def verdict(sc: ServingConfig, attempts: list[rcpt.FoundAttempt], root: Path | None = None) -> tuple[str, str, str, dict | None, list[str]]:
-    """(status, reason_code, reason, receipt, diff) for one serving config against every attempt found."""
-    fp, ec, targets = sc.fingerprint, sc.effective_config, sc.targets
-    newest = sorted(attempts, key=lambda a: a.at, reverse=True)
-    exact = [a for a in newest if a.fingerprint == fp and a.consistent and not a.problems]
-    ok = [a for a in exact if a.is_passing(targets)]
+def _exact_verdict(exact: list[rcpt.FoundAttempt], targets: list[str], root: Path | None) -> Verdict:
+    """Attempts of this very fingerprint exist, none passing on a target: say which way they fall short."""
     tl = ", ".join(targets)
+    ok = [a for a in exact if a.is_passing(targets)]
     if ok:
         a = ok[0]
-        return "pass", "receipt", f"passing retest: {a.describe(root)}", _receipt_info(a, root), []
-    if exact:
-        wrong_target = [a for a in exact if a.outcome == "pass" and a.mode == "real"]
-        twin = [a for a in exact if a.outcome == "pass" and a.mode != "real"]
-        if wrong_target:
-            a = wrong_target[0]
-            return ("fail", "wrong_target", f"the retest of this fingerprint passed on {a.target_device or 'an unnamed device'} "
-                    f"({a.describe(root)}), but a receipt must be for {tl}", _receipt_info(a, root), [])
-        if twin:
-            a = twin[0]
-            return ("fail", "not_real", f"only a {a.mode or 'unspecified-mode'} retest of this fingerprint passed "
-                    f"({a.describe(root)}); a receipt needs the real engine (mode 'real')", _receipt_info(a, root), [])
-        a = exact[0]
-        return ("fail", "not_passing", f"the retest of this fingerprint did not pass (outcome {a.outcome!r}: "
-                f"{a.describe(root)})", _receipt_info(a, root), [])
-    eligible = [a for a in newest if a.is_passing(targets) and a.effective_config is not None]
-    stale = [a for a in eligible if _same_except_version(a.effective_config, ec)
-             and rcpt.compare_versions(a.effective_config.get("engine_version"), sc.engine_version) == -1]
+        return Verdict("pass", "receipt", f"passing retest: {a.describe(root)}", _receipt_info(a, root), [])
+    wrong_target = [a for a in exact if a.outcome == "pass" and a.mode == "real"]
+    twin = [a for a in exact if a.outcome == "pass" and a.mode != "real"]
+    if wrong_target:
+        a = wrong_target[0]
+        return Verdict("fail", "wrong_target", f"the retest of this fingerprint passed on "
+                       f"{a.target_device or 'an unnamed device'} ({a.describe(root)}), but a receipt must be for {tl}",
+                       _receipt_info(a, root), [])
+    if twin:
+        a = twin[0]
+        return Verdict("fail", "not_real", f"only a {a.mode or 'unspecified-mode'} retest of this fingerprint passed "
+                       f"({a.describe(root)}); a receipt needs the real engine (mode 'real')", _receipt_info(a, root), [])
+    a = exact[0]
+    return Verdict("fail", "not_passing", f"the retest of this fingerprint did not pass (outcome {a.outcome!r}: "
+                   f"{a.describe(root)})", _receipt_info(a, root), [])
+
+
+def _nearest_verdict(sc: ServingConfig, newest: list[rcpt.FoundAttempt], root: Path | None) -> Verdict:
+    """No attempt of this fingerprint: a stale receipt (older engine), the nearest other one, or none."""
+    ec, targets = sc.effective_config, sc.targets
+    eligible = [(a, a.effective_config) for a in newest if a.is_passing(targets) and a.effective_config is not None]
+    stale = [(a, aec) for a, aec in eligible if _same_except_version(aec, ec)
+             and rcpt.compare_versions(aec.get("engine_version"), sc.engine_version) == -1]
     if stale:
-        a = stale[0]
-        return ("fail", "stale", f"stale receipt: {a.describe(root)} was recorded with {sc.engine} "
-                f"{a.effective_config.get('engine_version')}; the engine in use is {sc.engine} {sc.engine_version}",
-                _receipt_info(a, root), fpmod.diff(a.effective_config, ec))
+        a, aec = stale[0]
+        return Verdict("fail", "stale", f"stale receipt: {a.describe(root)} was recorded with {sc.engine} "
+                       f"{aec.get('engine_version')}; the engine in use is {sc.engine} {sc.engine_version}",
+                       _receipt_info(a, root), fpmod.diff(aec, ec))
     if eligible:
-        a = min(eligible, key=lambda x: len(fpmod.diff(x.effective_config, ec)))
-        d = fpmod.diff(a.effective_config, ec)
-        return ("fail", "other_fingerprint", f"receipt for another fingerprint: the nearest, {a.describe(root)}, "
-                f"differs in {len(d)} setting{'s' if len(d) != 1 else ''} (receipt → this config):",
-                _receipt_info(a, root), d)
-    return ("fail", "no_receipt", f"no receipt: no passing real retest on {tl} for this fingerprint", None, [])
+        a, aec = min(eligible, key=lambda x: len(fpmod.diff(x[1], ec)))
+        d = fpmod.diff(aec, ec)
+        return Verdict("fail", "other_fingerprint", f"receipt for another fingerprint: the nearest, {a.describe(root)}, "
+                       f"differs in {len(d)} setting{'s' if len(d) != 1 else ''} (receipt → this config):",
+                       _receipt_info(a, root), d)
+    return Verdict("fail", "no_receipt", f"no receipt: no passing real retest on {', '.join(targets)} for this "
+                   f"fingerprint", None, [])
+
+
+def verdict(sc: ServingConfig, attempts: list[rcpt.FoundAttempt], root: Path | None = None) -> Verdict:
+    """(status, reason_code, reason, receipt, diff) for one serving config against every attempt found."""
+    newest = sorted(attempts, key=lambda a: a.at, reverse=True)
+    exact = [a for a in newest if a.fingerprint == sc.fingerprint and a.consistent and not a.problems]
+    return _exact_verdict(exact, sc.targets, root) if exact else _nearest_verdict(sc, newest, root)
 
 
 def _receipt_info(a: rcpt.FoundAttempt, root: Path | None) -> dict:

@@ -33,7 +33,7 @@ def read_ladder(path: Path, profile_name: str | None = None) -> dict:
     out = _ladder_fields(lad, str(path))
     if out.get("pass_free_bytes") is None:
         raise BadInput(f"{path}: the ladder section has no pass point ({' / '.join(LADDER_PASS_KEYS)})")
-    eng = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
+    eng: dict = doc["engine"] if isinstance(doc.get("engine"), dict) else {}
     out.setdefault("engine_version", eng.get("version"))
     ec = lad.get("effective_config")
     if isinstance(ec, dict) and isinstance(ec.get("settings"), dict):

@@ -29,7 +29,8 @@ VLLM_YAML = "deploy/vllm.yaml"
 SCRIPT = "deploy/serve.sh"
 ENVF = "deploy/serve.env"
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed"),
+              pytest.mark.slow]                                  # every test drives real git subprocesses
 
 
 def git(repo: Path, *args: str) -> str:
