@@ -93,7 +93,7 @@ def test_bisection_finds_the_hidden_threshold_in_log2_starts(tmp_path: Path, thr
     assert on_disk["precision_bytes"] == prec
     assert on_disk["workload_fingerprint"].startswith("sha256:") and on_disk["config_fingerprint"].startswith("sha256:")
     assert (on_disk["engine"], on_disk["engine_version"]) == ("vllm", "0.25.1")
-    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles.core reads from a receipt)
+    # the pass/fail points also sit at the top of the section (what oomdoctor.profiles reads from a receipt)
     assert on_disk["pass_free_bytes"] == res["passes_at_bytes"] and on_disk["fail_free_bytes"] == res["fails_at_bytes"]
     # rungs are midpoints of the open interval rounded to the precision grid (anchored at low)
     assert all((t - low) % prec == 0 for t in fake.calls if t not in (low, high))
@@ -176,7 +176,7 @@ def test_margin_and_declared_requirement(tmp_path: Path) -> None:
     # over-declared, read from a serving profile (incident 1's shape of profiles)
     prof = tmp_path / "profiles.yaml"
     prof.write_text(yaml.safe_dump({"profiles": {"long_393k": {"requires_free_bytes": 24_053_735_802,
-                                                               "gpu_memory_utilization": 0.95},
+                                                               "settings": {"gpu_memory_utilization": 0.95}},
                                                  "small": {"requires_free_bytes": "8GiB"}}}))
     dec = read_profile(prof, "small")
     assert dec["bytes"] == 8 * GiB and "small" in dec["source"]
@@ -406,7 +406,7 @@ def test_another_device_starts_afresh(tmp_path: Path) -> None:
 
 def test_profiles_module_reads_the_ladder_section(tmp_path: Path) -> None:
     """The serving-profile reader (oomdoctor.profiles, when present) takes a ladder card as its receipt."""
-    profiles = pytest.importorskip("oomdoctor.profiles.core")
+    profiles = pytest.importorskip("oomdoctor.profiles")
     card = make_card(tmp_path)
     lad = run_ladder(card, runner=Fake(7_046_430_720), low=3 * GiB, high=12 * GiB, precision=64 * MiB, device=H200,
                      progress=quiet)

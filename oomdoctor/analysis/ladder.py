@@ -334,31 +334,18 @@ def compare_declared(res: dict, declared: dict) -> dict:
 
 
 def read_profile(path: str | Path, name: str) -> dict:
-    """``requires_free_bytes`` of profile NAME in a YAML/JSON file: ``{profiles: {NAME: {...}}}``,
-    ``{profiles: [{name: NAME, ...}]}``, ``{NAME: {...}}`` or ``[{name: NAME, ...}]``."""
-    import yaml
+    """``requires_free_bytes`` (else ``declared_free_bytes``) of profile NAME in a serving-profiles file, read by
+    THE profiles reader (:mod:`oomdoctor.profiles.reader`)."""
+    from oomdoctor.profiles.reader import profile_entries, read_doc
 
     p = Path(path)
     try:
-        d = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BadInput(f"--profile-file {p}: cannot be read ({e.strerror or e})")
-    except yaml.YAMLError:
-        raise BadInput(f"--profile-file {p}: not YAML/JSON")
-    pool = d.get("profiles", d) if isinstance(d, dict) else d
-    prof = None
-    names: list[str] = []
-    if isinstance(pool, dict):
-        prof = pool.get(name)
-        names = [str(k) for k in pool]
-    elif isinstance(pool, list):
-        for x in pool:
-            if isinstance(x, dict):
-                names.append(str(x.get("name")))
-                if x.get("name") == name:
-                    prof = x
-    if not isinstance(prof, dict):
-        raise BadInput(f"--profile {name!r} is not in {p} (profiles: {', '.join(names) or 'none'})")
+        entries = profile_entries(read_doc(p), str(p))
+    except BadInput as e:
+        raise BadInput(f"--profile-file {e}")
+    prof = next((e.raw for e in entries if e.name == name), None)
+    if prof is None:
+        raise BadInput(f"--profile {name!r} is not in {p} (profiles: {', '.join(e.name for e in entries) or 'none'})")
     key = "requires_free_bytes" if prof.get("requires_free_bytes") is not None else "declared_free_bytes"
     v = prof.get(key)
     if v is None:
@@ -627,7 +614,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
             pass
         raise
     ladder["result"] = summarize(ladder, card, plan.workload, declared)
-    # the pass/fail points at the top of the section, under the names oomdoctor.profiles.core reads from a receipt
+    # the pass/fail points at the top of the section, under the names oomdoctor.profiles reads from a receipt
     ladder["pass_free_bytes"] = ladder["result"]["threshold_bytes"]
     ladder["fail_free_bytes"] = ladder["result"]["fails_at_bytes"] if ladder["result"]["threshold_bytes"] else None
     ladder["status"] = {"incomplete": "incomplete", "error": "stopped"}.get(ladder["result"]["status"], "done")

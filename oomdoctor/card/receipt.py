@@ -190,7 +190,7 @@ def _attempt_problems(a: Any, where: str) -> list[str]:
 
 
 def _from_card(p: Path, d: dict, notes: list[str]) -> list[FoundAttempt]:
-    out = []
+    out: list[FoundAttempt] = []
     atts = d.get("attempts")
     if not isinstance(atts, list):
         notes.append(f"{p}: incident card without an attempts list; ignored")
@@ -366,7 +366,7 @@ def write_receipt(path: str | os.PathLike, effective_config: dict, attempt: dict
             if source:
                 d["source"] = dict(source)
             attempts = []
-        ns = [x.get("n") for x in attempts if isinstance(x, dict) and isinstance(x.get("n"), int)]
+        ns: list[int] = [x["n"] for x in attempts if isinstance(x, dict) and isinstance(x.get("n"), int)]
         a = {"n": (max(ns) + 1) if ns else 1, **{k: v for k, v in a.items() if k != "n"}}
         attempts.append(a)
         d["attempts"] = attempts

@@ -190,31 +190,25 @@ def workload_from_argv(argv: list[str], requests: dict) -> dict:
     wl: dict = {"env": redact_env(env), "requests": {**DEFAULT_REQUESTS, **requests}, "baseline": None, "source": "oomdoctor record"}
     if serve_at is not None and serve_at + 1 < len(argv):
         model = argv[serve_at + 1]
-        args: dict = {}
-        rest = argv[serve_at + 2:]
-        i = 0
-        while i < len(rest):
-            a = rest[i]
-            if not a.startswith("--"):
-                i += 1
-                continue
-            key, _, val = a[2:].partition("=")
-            key = key.replace("-", "_")
-            if val:
-                args[key] = _coerce(val)
-            elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-                args[key] = _coerce(rest[i + 1])
-                i += 1
-            elif key.startswith("no_"):
-                args[key[3:]] = False
-            else:
-                args[key] = True
-            i += 1
+        args = _serve_options(argv[serve_at + 2:])
         args.pop("port", None)
         wl.update(launcher="vllm-serve", model=model, engine_args=args, explicit_args=sorted(args))
     else:
         wl.update(launcher="command", model=None, argv=list(argv), engine_args={}, base_args={}, explicit_args=[])
     return wl
+
+
+def _serve_options(rest: list[str]) -> dict:
+    """The flags after the model, read by THE vLLM argv reader (engines/vllm/argv.py): ``-tp 2`` included."""
+    from oomdoctor.engines.vllm.argv import split_options
+
+    args: dict = {}
+    for key, val in split_options(rest)[0]:
+        if key.startswith("no_") and val is True:
+            args[key[3:]] = False
+        else:
+            args[key] = _coerce(val)
+    return args
 
 
 def _coerce(v: str):

@@ -23,7 +23,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {passed, configs: [...]} on stdout.")
 def command(base: str, project_file: str | None, as_json: bool) -> int:
     """CI gate: every changed serving config needs a passing retest for its exact fingerprint."""
-    from oomdoctor.gate.core import render_text, run_gate
+    from oomdoctor.gate import render_text, run_gate
 
     res = run_gate(base=base, project_file=project_file)
     if as_json:

@@ -100,7 +100,7 @@ def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | N
             raise BadInput("give either --serving-config or a command after --, not both")
         if not target:
             raise BadInput("--serving-config needs --target (the device the receipt is for, e.g. nvidia-h200 or rtx4090)")
-        from oomdoctor.gate.core import load_serving_config
+        from oomdoctor.gate import load_serving_config
 
         sc = load_serving_config(serving_config, profile=profile, project_file=project_file)
         if target not in sc.targets:

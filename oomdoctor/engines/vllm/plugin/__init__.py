@@ -47,7 +47,7 @@ import logging
 import os
 import sys
 
-from oomdoctor.engines.vllm.plugin.argv import SHORT_FLAGS, argv_fields
+from oomdoctor.engines.vllm.plugin.argv import argv_fields
 from oomdoctor.engines.vllm.plugin.capture import Capture, cleanup_spools, format_record, install_capture
 from oomdoctor.engines.vllm.plugin.card import collect_log, incidents_dir, workload_of, write_card
 from oomdoctor.engines.vllm.plugin.hooks import wrap_create_engine_config
@@ -55,7 +55,7 @@ from oomdoctor.engines.vllm.plugin.record import engine_gpus, explicit_args, mod
 from oomdoctor.engines.vllm.plugin.state import (ENV_ON, ENV_OWNER, ENV_SPOOL, LOCK, MARK, S, fresh_state, is_child,
                                                  own_error, truthy)
 
-__all__ = ["MARK", "S", "SHORT_FLAGS", "Capture", "argv_fields", "collect_log", "enabled", "engine_gpus", "explicit_args",
+__all__ = ["MARK", "S", "Capture", "argv_fields", "collect_log", "enabled", "engine_gpus", "explicit_args",
            "format_record", "incidents_dir", "model_info", "register", "workload_of", "write_card"]
 
 

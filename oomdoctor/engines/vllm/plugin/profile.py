@@ -10,12 +10,12 @@ from oomdoctor.engines.vllm.plugin.state import ENV_ALLOW_UNMEASURED, ENV_PROFIL
 from oomdoctor.engines.vllm.plugin.values import jsonable
 
 if TYPE_CHECKING:
-    from oomdoctor.profiles.core import Selection
+    from oomdoctor.profiles import Selection
 
 
 def apply_profile(ea: Any, explicit: dict[str, Any], defaults: dict[str, Any], minfo: dict[str, Any],
                   free: int | None, total: int | None) -> dict[str, Any]:
-    from oomdoctor.profiles import core as prof  # noqa: PLC0415
+    from oomdoctor import profiles as prof  # noqa: PLC0415
     from oomdoctor.errors import BadInput  # noqa: PLC0415
 
     path = os.environ[ENV_PROFILES]

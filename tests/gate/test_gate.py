@@ -16,19 +16,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomdoctor.gate import core as gatemod
+from oomdoctor import gate as gatemod
+from oomdoctor.card import fingerprint as fpmod
 from oomdoctor.card import receipt as rcpt
 from oomdoctor.cli import main
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "gate-demo"
 PROFILES = "models/qwen3-30b-a3b-fp8/serving-profiles.json"
 VLLM_YAML = "deploy/vllm.yaml"
 SCRIPT = "deploy/serve.sh"
 ENVF = "deploy/serve.env"
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed"),
+              pytest.mark.slow]                                  # every test drives real git subprocesses
 
 
 def git(repo: Path, *args: str) -> str:
@@ -582,11 +584,11 @@ def test_config_moved_to_an_undeclared_path_fails(repo, capsys):
 
 def test_profiles_format_is_the_plugins():
     """One serving-profiles format: what the gate fingerprints is what oomdoctor/profiles.py applies."""
-    profiles_mod = pytest.importorskip("oomdoctor.profiles.core")
+    profiles_mod = pytest.importorskip("oomdoctor.profiles")
     path = DEMO / PROFILES
     theirs = {p.name: p for p in profiles_mod.load_profiles(path).profiles}
     ours = gatemod.parse_profiles(path.read_text(), PROFILES)
     assert set(theirs) == set(ours)
     for name, p in theirs.items():
         applied = {**p.settings, "max_model_len": p.window}
-        assert gatemod.fpmod.memory_settings(applied) == gatemod.fpmod.memory_settings(ours[name].args), name
+        assert fpmod.memory_settings(applied) == fpmod.memory_settings(ours[name].args), name

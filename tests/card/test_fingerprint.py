@@ -13,7 +13,7 @@ import json
 import pytest
 
 from oomdoctor.card import fingerprint as fp
-from oomdoctor.gate.core import normalize_args, parse_profiles, parse_serve_script, parse_vllm_yaml
+from oomdoctor.gate import normalize_args, parse_profiles, parse_serve_script, parse_vllm_yaml
 
 MODEL, REV, VER = "Qwen/Qwen3-8B", "0123abcd", "0.25.1"
 

@@ -17,7 +17,7 @@ import math
 import pytest
 import yaml
 
-from oomdoctor.profiles import core as prof
+from oomdoctor import profiles as prof
 from oomdoctor.errors import BadInput
 
 TOTAL = 34_190_917_632
@@ -303,9 +303,9 @@ def test_a_ladder_of_another_config_does_not_measure_a_profile(tmp_path) -> None
     import shutil as _sh
     from pathlib import Path as _P
 
-    from oomdoctor.profiles.core import load_profiles
+    from oomdoctor.profiles import load_profiles
 
-    root = _P(__file__).resolve().parents[1]
+    root = _P(__file__).resolve().parents[2]
     (tmp_path / "incidents" / "ladder").mkdir(parents=True)
     _sh.copy(root / "incidents" / "ladder" / "ladder1.yaml", tmp_path / "incidents" / "ladder" / "ladder1.yaml")
     good = (root / "examples" / "profiles" / "gpu-kit-llama-h200.yaml").read_text()

@@ -1,0 +1,3 @@
+from oomdoctor.profiles.report import main
+
+raise SystemExit(main())
