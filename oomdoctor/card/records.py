@@ -37,7 +37,8 @@ class Workload(TypedDict, total=False):
     emulate_free_bytes: int | None
     card_emulate_free_bytes: int | None
     co_tenant_bytes: int | None
-    baseline: dict[str, Any]
+    baseline: dict[str, Any] | None
+    harness_cmd: list[str] | str
 
 
 class Lever(TypedDict, total=False):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from oomdoctor.engines.vllm.defaults import CUDA_CONTEXT_BYTES
 from oomdoctor.errors import BadInput
 
 PLAN_ARGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens",
              "kv_cache_memory_bytes", "tensor_parallel_size", "enforce_eager")
-CUDA_CONTEXT_BYTES = 512 << 20
 
 
 def _settings(card: dict) -> dict[str, Any]:
