@@ -12,7 +12,7 @@ from oomdoctor.cli import main
 from oomdoctor.levers import plan as P
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPUKIT = str(ROOT / "fixtures" / "models" / "gpukit-llama-886m")
 MODELS = ROOT / "fixtures" / "models"
 GIB = 1 << 30
