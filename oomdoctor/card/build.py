@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
+
+from oomdoctor.card.records import CardDict
 
 
-def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | None = None) -> dict:
+def build_card(log: Path, diag: Any, device_state: dict, extra_notes: list[str] | None = None) -> CardDict:
     from oomdoctor.card import store as cardmod
     from oomdoctor.levers import engine as levermod
     from oomdoctor.device.nvml import log_device_statements
@@ -37,7 +40,7 @@ def build_card(log: Path, diag, device_state: dict, extra_notes: list[str] | Non
         runtime=card_runtime(diag.runtime),
         notes=list(diag.notes) + list(extra_notes or []),
     )
-    return c.to_dict()
+    return cast(CardDict, c.to_dict())
 
 
 CARD_TIMELINE_SAMPLES = 240

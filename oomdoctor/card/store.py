@@ -17,11 +17,12 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, cast
 
 import yaml
 
 from oomdoctor import __version__
+from oomdoctor.card.records import Attempt, CardDict, Lever, Workload
 from oomdoctor.errors import CardError
 from oomdoctor.redact import redact_obj
 
@@ -39,8 +40,8 @@ class Card:
     evidence: list
     numbers: dict
     device: dict
-    workload: dict
-    levers: list
+    workload: Workload
+    levers: list[Lever]
     summary: str = ""
     phase_reached: str | None = None
     numbers_source: dict = field(default_factory=dict)
@@ -48,12 +49,14 @@ class Card:
     log_device: list = field(default_factory=list)
     runtime: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
-    attempts: list = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     schema: str = SCHEMA_ID
     oomdoctor_version: str = __version__
+    _extra: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("_extra", None)
         order = ["schema", "oomdoctor_version", "id", "created_at", "summary", "source", "engine", "classification",
                  "phase_reached", "evidence", "numbers", "numbers_source", "numbers_by_process", "device", "log_device",
                  "workload", "levers", "runtime", "notes", "attempts"]
@@ -64,11 +67,11 @@ class Card:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Card":
-        known = set(cls.__dataclass_fields__)
+    def from_dict(cls, d: Mapping[str, Any]) -> "Card":
+        known = set(cls.__dataclass_fields__) - {"_extra"}
         extra = {k: v for k, v in d.items() if k not in known}
         c = cls(**{k: v for k, v in d.items() if k in known})
-        c._extra = extra  # type: ignore[attr-defined]   (ladder results, snapshot, ... kept as written)
+        c._extra = extra        # ladder results, snapshot, ... kept as written
         return c
 
 
@@ -98,14 +101,10 @@ def _type_ok(v: Any, t: str) -> bool:
     return isinstance(v, _TYPES[t])
 
 
-def validate(obj: Any, sch: dict, path: str = "") -> list[str]:
-    """A small JSON-Schema subset (type, enum, const, required, properties, additionalProperties,
-    items, minimum, pattern, anyOf) — enough for the card schema, no extra dependency."""
-    where = path or "(card)"
-    errs: list[str] = []
-    if "anyOf" in sch:
-        if all(validate(obj, s, path) for s in sch["anyOf"]):
-            return [f"{where}: {obj!r} matches none of the allowed forms"]
+def _validate_scalar(obj: Any, sch: dict, path: str, where: str) -> list[str] | None:
+    """anyOf, const, enum and type: the first failure ends the check (a list), None when they all pass."""
+    if "anyOf" in sch and all(validate(obj, s, path) for s in sch["anyOf"]):
+        return [f"{where}: {obj!r} matches none of the allowed forms"]
     if "const" in sch and obj != sch["const"]:
         return [f"{where}: must be {sch['const']!r}, found {obj!r}"]
     if "enum" in sch and obj not in sch["enum"]:
@@ -115,27 +114,47 @@ def validate(obj: Any, sch: dict, path: str = "") -> list[str]:
         types = t if isinstance(t, list) else [t]
         if not any(_type_ok(obj, x) for x in types):
             return [f"{where}: must be {' or '.join(types)}, found {type(obj).__name__} {obj!r}"[:300]]
-    if isinstance(obj, dict):
-        for r in sch.get("required", []):
-            if r not in obj:
-                errs.append(f"{path + '.' if path else ''}{r}: required field is missing")
-        props = sch.get("properties", {})
-        for k, v in obj.items():
-            sub = f"{path}.{k}" if path else str(k)
-            if k in props:
-                errs += validate(v, props[k], sub)
-            elif isinstance(sch.get("additionalProperties"), dict):
-                errs += validate(v, sch["additionalProperties"], sub)
-            elif sch.get("additionalProperties") is False:
-                errs.append(f"{sub}: unknown field")
-    if isinstance(obj, list) and "items" in sch:
-        for i, v in enumerate(obj):
-            errs += validate(v, sch["items"], f"{path}[{i}]")
+    return None
+
+
+def _validate_object(obj: dict, sch: dict, path: str) -> list[str]:
+    errs = [f"{path + '.' if path else ''}{r}: required field is missing" for r in sch.get("required", []) if r not in obj]
+    props = sch.get("properties", {})
+    extra = sch.get("additionalProperties")
+    for k, v in obj.items():
+        sub = f"{path}.{k}" if path else str(k)
+        if k in props:
+            errs += validate(v, props[k], sub)
+        elif isinstance(extra, dict):
+            errs += validate(v, extra, sub)
+        elif extra is False:
+            errs.append(f"{sub}: unknown field")
+    return errs
+
+
+def _validate_bounds(obj: Any, sch: dict, where: str) -> list[str]:
+    errs = []
     if "minimum" in sch and isinstance(obj, (int, float)) and not isinstance(obj, bool) and obj < sch["minimum"]:
         errs.append(f"{where}: {obj} is below the minimum {sch['minimum']}")
     if "pattern" in sch and isinstance(obj, str) and not re.search(sch["pattern"], obj):
         errs.append(f"{where}: {obj!r} does not match {sch['pattern']}")
     return errs
+
+
+def validate(obj: Any, sch: dict, path: str = "") -> list[str]:
+    """A small JSON-Schema subset (type, enum, const, required, properties, additionalProperties,
+    items, minimum, pattern, anyOf) — enough for the card schema, no extra dependency."""
+    where = path or "(card)"
+    first = _validate_scalar(obj, sch, path, where)
+    if first is not None:
+        return first
+    errs: list[str] = []
+    if isinstance(obj, dict):
+        errs += _validate_object(obj, sch, path)
+    if isinstance(obj, list) and "items" in sch:
+        for i, v in enumerate(obj):
+            errs += validate(v, sch["items"], f"{path}[{i}]")
+    return errs + _validate_bounds(obj, sch, where)
 
 
 def check(d: Any, origin: str) -> None:
@@ -196,17 +215,17 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def save(card: Card | dict, path: str | os.PathLike) -> Path:
+def save(card: Card | CardDict | dict, path: str | os.PathLike) -> Path:
     d = card.to_dict() if isinstance(card, Card) else dict(card)
     if isinstance(card, Card):
-        d.update(getattr(card, "_extra", {}))
+        d.update(card._extra)
     d = redact_obj(d)
     check(d, str(path))
     atomic_write(Path(path), dumps(d))
     return Path(path)
 
 
-def load_dict(path: str | os.PathLike) -> dict:
+def load_dict(path: str | os.PathLike) -> CardDict:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -220,7 +239,7 @@ def load_dict(path: str | os.PathLike) -> dict:
         mark = getattr(e, "problem_mark", None)
         raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}")
     check(d, str(p))
-    return d
+    return cast(CardDict, d)
 
 
 def load(path: str | os.PathLike) -> Card:
@@ -245,19 +264,17 @@ def locked(path: str | os.PathLike) -> Iterator[None]:
                 lock.unlink()
 
 
-def append_attempt(path: str | os.PathLike, attempt: dict, updates: dict | None = None) -> dict:
+def append_attempt(path: str | os.PathLike, attempt: Attempt, updates: dict[str, Any] | None = None) -> Attempt:
     """Re-read the card, append ``attempt`` (numbered after the last one), apply top-level
     ``updates`` (e.g. new levers), validate and write atomically. Earlier attempts stay as they were."""
     with locked(path):
         d = load_dict(path)
         attempts = list(d.get("attempts") or [])
-        attempt = dict(attempt)
+        attempt = cast(Attempt, dict(attempt))
         attempt["n"] = (attempts[-1]["n"] + 1) if attempts else 1
         attempts.append(attempt)
-        d["attempts"] = attempts
-        for k, v in (updates or {}).items():
-            d[k] = v
-        d = redact_obj(d)
-        check(d, str(path))
-        atomic_write(Path(path), dumps(d))
+        out: dict[str, Any] = {**d, "attempts": attempts, **(updates or {})}
+        out = redact_obj(out)
+        check(out, str(path))
+        atomic_write(Path(path), dumps(out))
         return attempt

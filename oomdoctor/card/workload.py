@@ -15,8 +15,9 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from oomdoctor.card.records import Requests, Workload
 from oomdoctor.diagnose.read import iter_lines
 from oomdoctor.redact import redact_argv, redact_env
 
@@ -30,7 +31,7 @@ RESOLVED_KEYS = {"max_seq_len": "max_model_len", "tensor_parallel_size": "tensor
                  "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
                  "enable_prefix_caching": "enable_prefix_caching", "enable_chunked_prefill": "enable_chunked_prefill",
                  "data_parallel_size": "data_parallel_size"}
-DEFAULT_REQUESTS = {"kind": "smoke", "prompt_tokens": 8, "max_tokens": 16, "concurrency": 1, "count": 1}
+DEFAULT_REQUESTS: Requests = {"kind": "smoke", "prompt_tokens": 8, "max_tokens": 16, "concurrency": 1, "count": 1}
 
 
 def _literal(s: str) -> Any:
@@ -113,7 +114,7 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def from_log(path: str | Path, matches: list, engine: str | None) -> dict[str, Any]:
+def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     """Build the card's workload section from the log's header and the matched ledger lines."""
     header = read_header(path)
     explicit: dict[str, Any] = {}
@@ -135,24 +136,24 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> dict[str, A
         serve = True
     record = header.get("record") or {}
     if record:
-        wl = dict(record.get("workload") or {})
-        wl.setdefault("source", "oomdoctor record header")
-        wl["resolved"] = {**resolved, **wl.get("resolved", {})}
-        return wl
+        recorded = cast(Workload, dict(record.get("workload") or {}))
+        recorded.setdefault("source", "oomdoctor record header")
+        recorded["resolved"] = {**resolved, **recorded.get("resolved", {})}
+        return recorded
     model = explicit.get("model") or explicit.get("model_tag") or resolved.get("model")
     settings = {k: v for k, v in explicit.items() if k not in NOT_SETTINGS and k != "model"}
-    env = header.get("env") if isinstance(header.get("env"), dict) else {}
+    env: dict[str, Any] = header["env"] if isinstance(header.get("env"), dict) else {}
     launcher = "unknown"
     if engine == "vllm":
         launcher = "vllm-serve" if serve else "vllm-llm"
-    wl: dict[str, Any] = {
+    wl: Workload = {
         "launcher": launcher,
         "model": model,
         "engine_args": settings,
         "explicit_args": sorted(settings),
         "resolved": resolved,
         "env": redact_env({str(k): str(v) for k, v in env.items()}),
-        "requests": dict(DEFAULT_REQUESTS),
+        "requests": Requests(**DEFAULT_REQUESTS),
         "baseline": None,
         "source": "log",
     }
@@ -175,7 +176,7 @@ def _shlex_ok(s: str) -> bool:
         return False
 
 
-def workload_from_argv(argv: list[str], requests: dict) -> dict:
+def workload_from_argv(argv: list[str], requests: dict) -> Workload:
     """`vllm serve MODEL --flag v ...` or `python -m vllm.entrypoints.cli.main serve ...` → a vllm-serve workload;
     anything else → a generic `command` workload (flags of levers are appended to its argv)."""
     from oomdoctor.redact import redact_env
@@ -195,7 +196,7 @@ def workload_from_argv(argv: list[str], requests: dict) -> dict:
         wl.update(launcher="vllm-serve", model=model, engine_args=args, explicit_args=sorted(args))
     else:
         wl.update(launcher="command", model=None, argv=list(argv), engine_args={}, base_args={}, explicit_args=[])
-    return wl
+    return cast(Workload, wl)
 
 
 def _serve_options(rest: list[str]) -> dict:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from oomdoctor.card.records import CardDict
 
-def print_summary(card: dict) -> None:
+
+def print_summary(card: CardDict) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from oomdoctor.card.records import CardDict
+from oomdoctor.engines.vllm.defaults import CUDA_CONTEXT_BYTES
 from oomdoctor.errors import BadInput
 
 PLAN_ARGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens",
              "kv_cache_memory_bytes", "tensor_parallel_size", "enforce_eager")
-CUDA_CONTEXT_BYTES = 512 << 20
 
 
-def _settings(card: dict) -> dict[str, Any]:
+def _settings(card: CardDict) -> dict[str, Any]:
     wl = card.get("workload") or {}
     out: dict[str, Any] = {}
     for src in (wl.get("resolved") or {}, wl.get("engine_args") or {}):
@@ -21,7 +22,7 @@ def _settings(card: dict) -> dict[str, Any]:
     return out
 
 
-def _device(card: dict, gpu_memory: str | int | None) -> tuple[Any, int | None]:
+def _device(card: CardDict, gpu_memory: str | int | None) -> tuple[Any, int | None]:
     wl, n = card.get("workload") or {}, card.get("numbers") or {}
     total: Any = gpu_memory or wl.get("gpu_total_bytes")
     if total is None and n.get("gpu_total_bytes"):
@@ -45,7 +46,7 @@ def _short(result: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def check(card: dict, model_dir: str, gpu_memory: str | int | None = None) -> dict:
+def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -> dict:
     """Attach the model's predictions to ``card`` (``model_check`` and ``levers[i].predicted.model``); returns the
     model_check section. BadInput when the device size is unknown or the model directory is unusable."""
     from oomdoctor.levers.plan import plan

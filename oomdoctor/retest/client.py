@@ -56,8 +56,8 @@ def _one(port: int, model: str, i: int, req: dict, host: str) -> dict:
         return {"status": -1, "error": str(e), "latency_s": time.monotonic() - t0}
 
 
-def _pct(xs: list[float], p: float) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
+def _pct(values: list[float | None], p: float) -> float | None:
+    xs = sorted(x for x in values if x is not None)
     if not xs:
         return None
     return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 4)

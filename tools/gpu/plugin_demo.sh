@@ -224,7 +224,7 @@ EXTRA=()
 if [ -n "${PROFILES_FILE:-}" ]; then      # a ready profile file whose profiles name their own ladder receipts
   cp "$PROFILES_FILE" "$OUT/profiles.yaml"
   sed -i "s#receipt: \.\./\.\./#receipt: $ROOT/#" "$OUT/profiles.yaml"
-  "$PY" -m oomdoctor.profiles.core "$OUT/profiles.yaml" --free "$BALLAST_FREE" --total "$(nvml | cut -d' ' -f2)" | head -8
+  "$PY" -m oomdoctor.profiles "$OUT/profiles.yaml" --free "$BALLAST_FREE" --total "$(nvml | cut -d' ' -f2)" | head -8
 else
   write_profiles "$OUT/profiles.yaml"
 fi

@@ -12,7 +12,7 @@ from oomdoctor.cli import main
 from oomdoctor.levers import plan as P
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPUKIT = str(ROOT / "fixtures" / "models" / "gpukit-llama-886m")
 MODELS = ROOT / "fixtures" / "models"
 GIB = 1 << 30
@@ -213,3 +213,21 @@ def test_plan_matches_memory_module():
     p = M.evaluate(info, s)
     r = P.plan(GPUKIT, "24GiB")
     assert r["available_kv_bytes"] == p.available_kv_bytes and r["kv_tokens"] == p.capacity.kv_tokens
+
+
+@pytest.mark.parametrize("kw", [dict(free=42_950_852_608, max_model_len=32768, usage_context="llm"),
+                                dict(free=60 * GIB, gpu_memory_utilization=0.3, max_model_len=700_000)])
+def test_utilization_lever_is_the_one_definition_diagnose_uses(kw):
+    """Bug (issue 11): plan kept 256 MiB back, diagnose 2 % of free; both now use max_passing_utilization, so the
+    same free/total gives the same utilization lever in plan and in diagnose."""
+    from oomdoctor.engines.vllm.defaults import max_passing_utilization
+    from oomdoctor.levers.engine import propose
+
+    r = P.plan(GPUKIT, "h200", **kw)
+    total, free = r["gpu"]["cuda_total_bytes"], r["gpu"]["startup_free_bytes"]
+    u = next(x for x in r["levers"] if x["id"] == "gpu_memory_utilization")["change"]["gpu_memory_utilization"]
+    assert u == max_passing_utilization(total, free)
+    util = kw.get("gpu_memory_utilization", 0.92)
+    diag = propose("free_memory_below_utilization",
+                   {"gpu_total_bytes": total, "free_at_start_bytes": free, "gpu_memory_utilization": util})
+    assert diag[0]["id"] == "gpu_memory_utilization" and diag[0]["change"]["gpu_memory_utilization"] == u

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 LLAMA = ROOT / "fixtures" / "models" / "gpukit-llama-886m"
 

@@ -16,7 +16,7 @@ import yaml
 from oomdoctor.card import store as cardmod
 from oomdoctor.errors import CardError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 FAKE = ROOT / "tests" / "fake_engine.py"
 
@@ -60,6 +60,7 @@ def pids_alive(pids: Path) -> list[int]:
     return alive
 
 
+@pytest.mark.slow
 def test_first_lever_passes_and_is_recorded(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
     before = cardmod.load_dict(card)
@@ -76,6 +77,7 @@ def test_first_lever_passes_and_is_recorded(tmp_path: Path) -> None:
     assert not pids_alive(pids)
 
 
+@pytest.mark.slow
 def test_reproduce_then_fail_proposes_next_lever(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
     r = run_cli("retest", str(card), "--engine", "real", "--lever", "none")
@@ -91,6 +93,7 @@ def test_reproduce_then_fail_proposes_next_lever(tmp_path: Path) -> None:
     assert not pids_alive(pids)
 
 
+@pytest.mark.slow
 def test_failed_lever_records_next(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
     d = cardmod.load_dict(card)
@@ -105,6 +108,7 @@ def test_failed_lever_records_next(tmp_path: Path) -> None:
     assert a["next_lever"]["id"] != "max_model_len" or a["next_lever"]["change"] != {"max_model_len": 3000000}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_killed_retest_leaves_no_process_and_no_half_card(tmp_path: Path, sig: int) -> None:
     card, pids = make_card(tmp_path, hang=True)
@@ -130,6 +134,7 @@ def test_killed_retest_leaves_no_process_and_no_half_card(tmp_path: Path, sig: i
     assert not list(card.parent.glob(".a.yaml.*.tmp"))
 
 
+@pytest.mark.slow
 def test_timeout_ends_the_group(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path, hang=True)
     r = run_cli("retest", str(card), "--engine", "real", "--timeout", "4")
@@ -139,6 +144,7 @@ def test_timeout_ends_the_group(tmp_path: Path) -> None:
     assert not pids_alive(pids)
 
 
+@pytest.mark.slow
 def test_twin_is_labelled_a_prediction(tmp_path: Path) -> None:
     card, _ = make_card(tmp_path)
     r = run_cli("retest", str(card), "--engine", "twin")
@@ -148,6 +154,7 @@ def test_twin_is_labelled_a_prediction(tmp_path: Path) -> None:
     assert any("PREDICTION" in n for n in a["notes"])
 
 
+@pytest.mark.slow
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
     text = card.read_text()
@@ -157,6 +164,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     assert card.read_text() == text and not pids.exists()
 
 
+@pytest.mark.slow
 def test_card_from_another_version_or_edited_badly_is_refused(tmp_path: Path) -> None:
     card, _ = make_card(tmp_path)
     d = yaml.safe_load(card.read_text())
@@ -176,6 +184,7 @@ def test_card_from_another_version_or_edited_badly_is_refused(tmp_path: Path) ->
         cardmod.check(d, "x")
 
 
+@pytest.mark.slow
 def test_unappliable_lever_is_refused(tmp_path: Path) -> None:
     card, _ = make_card(tmp_path)
     r = run_cli("retest", str(card), "--lever", "larger_gpu", "--dry-run")

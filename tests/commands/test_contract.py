@@ -14,7 +14,7 @@ import pytest
 
 from oomdoctor import contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_MD = ROOT / "docs" / "contract.md"
 
 CLASSES = {
@@ -60,6 +60,7 @@ def test_the_contract_file_says_the_same() -> None:
     assert re.findall(r"`([a-z_]+)`", lever_par) == LEVERS
 
 
+@pytest.mark.slow
 def test_diagnose_json_has_the_contract_keys(tmp_path: Path) -> None:
     log = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "A_fail.log"
     r = subprocess.run([sys.executable, "-m", "oomdoctor", "diagnose", str(log), "--json", "--no-device",

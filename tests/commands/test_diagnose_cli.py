@@ -18,7 +18,7 @@ import yaml
 from oomdoctor.card import store as cardmod
 from oomdoctor import contract
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GiB = 1 << 30
 
 # fixture → (class, exit code), from fixtures/logs/vllm-0.25.1-h200/ORIGIN.md

@@ -16,7 +16,7 @@ from oomdoctor.cli import main
 from oomdoctor.card.workload import workload_from_argv
 from oomdoctor.retest.run import RunResult
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "gate-demo"
 PASS_LOG = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "A_pass.log"
 
@@ -36,6 +36,7 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_serving_config_record_writes_the_receipt_the_gate_needs(tmp_path: Path, monkeypatch, capsys) -> None:
     repo = tmp_path / "repo"

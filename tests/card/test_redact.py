@@ -1,6 +1,8 @@
 """Secrets never reach a card or a teed log: env by name, argv by flag, text by pattern."""
 from __future__ import annotations
 
+import pytest
+
 from oomdoctor.redact import MASK, redact_argv, redact_env, redact_obj, redact_text
 
 
@@ -32,6 +34,7 @@ def test_obj_deep() -> None:
     assert "abcdefghijklmnopqrstuvwxyz" not in d["evidence"][0]["text"] and d["numbers"]["kv_needed_bytes"] == 5
 
 
+@pytest.mark.slow
 def test_teed_engine_log_is_redacted(tmp_path) -> None:
     import sys
 

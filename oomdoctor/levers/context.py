@@ -1,0 +1,93 @@
+"""What a lever generator may read: the diagnosis's numbers, the workload, the device state, the attempts."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from oomdoctor.card.records import Attempt, Workload
+from oomdoctor.levers.record import VLLM_DEFAULT_UTIL
+
+
+class Ctx:
+    """What a lever generator may read."""
+
+    def __init__(self, klass: str, numbers: dict[str, Any], workload: Workload, device: dict[str, Any],
+                 attempts: list[Attempt]):
+        self.klass = klass
+        self.n = numbers
+        self.wl: Workload = workload or {}
+        self.device = device or {}
+        self.attempts: list[Attempt] = attempts or []
+        self.args = dict(self.wl.get("engine_args") or {})
+        self.resolved = dict(self.wl.get("resolved") or {})
+        self.explicit = set(self.wl.get("explicit_args") or self.args.keys())
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        if key in self.args:
+            return self.args[key]
+        if key in self.resolved:
+            return self.resolved[key]
+        return self.n.get(key, default)
+
+    @property
+    def pinned(self) -> int | None:
+        v = self.args.get("kv_cache_memory_bytes") or self.n.get("kv_cache_memory_bytes_pinned")
+        if v is None and "kv_cache_memory_bytes" in self.n and self.klass != "kv_capacity":
+            v = self.n["kv_cache_memory_bytes"]
+        try:
+            return int(float(v)) if v is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def util(self) -> float:
+        v = self.args.get("gpu_memory_utilization", self.n.get("gpu_memory_utilization", VLLM_DEFAULT_UTIL))
+        return float(v)
+
+    @property
+    def total(self) -> int | None:
+        for k in ("gpu_total_bytes",):
+            if k in self.n:
+                return int(self.n[k])
+        if self.wl.get("gpu_total_bytes"):
+            return int(self.wl["gpu_total_bytes"])
+        return None
+
+    @property
+    def free(self) -> int | None:
+        """Free memory at the start, as the engine saw it (its own check) or as recorded."""
+        for k in ("free_at_start_bytes", "initial_free_bytes"):
+            if k in self.n:
+                return int(self.n[k])
+        if self.wl.get("free_at_start_bytes"):
+            return int(self.wl["free_at_start_bytes"])
+        return None
+
+    def other_holders(self) -> list[dict[str, Any]]:
+        """Processes other than the engine that held GPU memory: from the log, then from NVML."""
+        out = []
+        if self.n.get("other_process_bytes"):
+            out.append({"pid": self.n.get("other_process_pid"), "used_bytes": int(self.n["other_process_bytes"]),
+                        "source": "the OOM message in the log"})
+            return out
+        if self.device.get("status") == "captured":
+            idx = int(self.n.get("oom_gpu_index", 0))
+            for g in self.device.get("gpus", []):
+                if g.get("index") != idx:
+                    continue
+                for p in g.get("processes") or []:
+                    if p.get("pid") == os.getpid() or not p.get("used_bytes"):
+                        continue
+                    name = p.get("name") or ""
+                    leftover = any(k in name for k in ("vllm", "EngineCore", "sglang", "llama-server"))
+                    out.append({"pid": p["pid"], "used_bytes": int(p["used_bytes"]), "name": name[:120],
+                                "source": f"NVML now on this machine, GPU {idx}"
+                                          + (" (looks like a leftover engine)" if leftover else "")})
+        return out
+
+    def tried(self, lever_id: str, change: dict[str, Any]) -> bool:
+        for a in self.attempts:
+            if a.get("lever") == lever_id and a.get("change") == change:
+                return True
+        return False
+
