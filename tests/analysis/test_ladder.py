@@ -21,7 +21,7 @@ from oomdoctor.errors import BadInput
 from oomdoctor.analysis.ladder import (bracket_state, exit_code, expected_starts, next_rung, read_profile, run_ladder)
 from oomdoctor.diagnose.rules import default_rules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 FAKE = ROOT / "tests" / "fake_ladder_engine.py"
 MiB, GiB = 1 << 20, 1 << 30

@@ -14,7 +14,7 @@ import pytest
 from oomdoctor.analysis.compare import compare, plot
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 NVML_TOTAL = 150_754_820_096

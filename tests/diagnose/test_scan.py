@@ -22,7 +22,7 @@ from oomdoctor.diagnose.rules import anchors_of, default_rules
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan, scan_grep, scan_python
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GREP = shutil.which("grep")
 M = MAX_LINE_BYTES
 needs_grep = pytest.mark.skipif(GREP is None, reason="no grep on PATH")
