@@ -193,7 +193,8 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
     runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
     if metrics_text is not None:
-        runtime.add_metrics(metrics_text)
+        specs = [ruleset.engines[eng]] if eng else list(ruleset.engines.values())
+        runtime.add_metrics(metrics_text, [c for spec in specs for c in spec.preemption_counters])
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
     frames = [m for m in keep if m.rule.role == "frame"]

@@ -27,7 +27,7 @@ RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_pha
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "notes"}
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes"}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -184,7 +184,10 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     for ph in phases:
         if ph not in contract.PHASES:
             raise RuleError(f"{where}: phase '{ph}' is not a contract phase")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path))
+    counters = d.get("preemption_counters") or []
+    if not isinstance(counters, list) or not all(isinstance(x, str) and x for x in counters):
+        raise RuleError(f"{where}: 'preemption_counters' must be a list of Prometheus metric names")
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters))
 
 
 def _load_yaml(path: Path) -> Any:

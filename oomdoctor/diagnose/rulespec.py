@@ -148,6 +148,8 @@ class EngineSpec:
     version_patterns: list[re.Pattern[str]]
     phases: list[str]
     path: str
+    # Prometheus counters of preemptions this engine exports (--metrics), the canonical name first
+    preemption_counters: list[str] = field(default_factory=list)
 
 
 @dataclass
