@@ -154,6 +154,7 @@ def test_cross_version_warns_and_compares_only_stable_rows(tmp_path: Path) -> No
     assert st["max_num_seqs"]["aligned"] is False
 
 
+@pytest.mark.slow
 def test_cli_json_and_table() -> None:
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "oomdoctor", "compare", str(FX / "D_pass.log"), str(FX / "F1b_pass.log"), "--json"],
