@@ -133,6 +133,12 @@ def engine_version_of(ruleset: RuleSet, eng: str | None, versions: dict[str, tup
     return ver, ver_line
 
 
+def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
+    """The Prometheus preemption counters of the log's engine (its engine.yaml), else of every engine."""
+    specs = [ruleset.engines[eng]] if eng else list(ruleset.engines.values())
+    return [c for spec in specs for c in spec.preemption_counters]
+
+
 @dataclass
 class Verdict:
     """The class of a log and what decided it: its root line, else the runtime signals."""
@@ -193,8 +199,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
     runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
     if metrics_text is not None:
-        specs = [ruleset.engines[eng]] if eng else list(ruleset.engines.values())
-        runtime.add_metrics(metrics_text, [c for spec in specs for c in spec.preemption_counters])
+        runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
     frames = [m for m in keep if m.rule.role == "frame"]
