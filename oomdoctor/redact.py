@@ -55,7 +55,7 @@ def redact_argv(argv: list[str]) -> list[str]:
 def redact_obj(obj: Any, _key: str = "") -> Any:
     """Deep copy of ``obj`` with secrets masked: env-like keys by name, every string by pattern."""
     if isinstance(obj, dict):
-        out = {}
+        out: dict[Any, Any] = {}
         for k, v in obj.items():
             ks = str(k)
             if isinstance(v, str) and SECRET_KEY_RE.search(ks) and v and not ks.endswith(("_bytes", "_tokens")):

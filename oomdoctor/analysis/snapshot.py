@@ -102,6 +102,62 @@ def _check_frames(frames: Any, where: str, field: str) -> None:
             raise _fail(where, f"{field}[{k}]", f"must be a dict, got {type(f).__name__}")
 
 
+def _check_ints(d: dict, keys: tuple[str, ...], where: str, f: str) -> None:
+    for key in keys:
+        if key in d and not _is_int(d[key]):
+            raise _fail(where, f"{f}.{key}", f"must be an integer, got {type(d[key]).__name__}")
+
+
+def _check_block(b: Any, where: str, fb: str) -> None:
+    if not isinstance(b, dict):
+        raise _fail(where, fb, f"must be a dict, got {type(b).__name__}")
+    if "size" not in b:
+        raise _fail(where, f"{fb}.size", "is missing")
+    _check_ints(b, ("size", "requested_size", "address"), where, fb)
+    if "state" not in b:
+        raise _fail(where, f"{fb}.state", "is missing")
+    if b["state"] not in BLOCK_STATES:
+        raise _fail(where, f"{fb}.state", f"must be one of {', '.join(BLOCK_STATES)}, got {b['state']!r}")
+    if "frames" in b:
+        _check_frames(b["frames"], where, f"{fb}.frames")
+
+
+def _check_segment(s: Any, where: str, f: str) -> None:
+    if not isinstance(s, dict):
+        raise _fail(where, f, f"must be a dict, got {type(s).__name__}")
+    for key in ("address", "total_size"):
+        if key not in s:
+            raise _fail(where, f"{f}.{key}", "is missing")
+    _check_ints(s, ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream"),
+                where, f)
+    if "segment_type" in s and not isinstance(s["segment_type"], str):
+        raise _fail(where, f"{f}.segment_type", "must be a string")
+    if "frames" in s:
+        _check_frames(s["frames"], where, f"{f}.frames")
+    blocks = s.get("blocks", [])
+    if not isinstance(blocks, list):
+        raise _fail(where, f"{f}.blocks", f"must be a list, got {type(blocks).__name__}")
+    for j, b in enumerate(blocks):
+        _check_block(b, where, f"{f}.blocks[{j}]")
+
+
+def _check_traces(traces: Any, where: str) -> None:
+    if not isinstance(traces, list):
+        raise _fail(where, "device_traces", f"must be a list, got {type(traces).__name__}")
+    for d, dev in enumerate(traces):
+        if not isinstance(dev, list):
+            raise _fail(where, f"device_traces[{d}]", f"must be a list, got {type(dev).__name__}")
+        for k, t in enumerate(dev):
+            ft = f"device_traces[{d}][{k}]"
+            if not isinstance(t, dict):
+                raise _fail(where, ft, f"must be a dict, got {type(t).__name__}")
+            if not isinstance(t.get("action"), str):
+                raise _fail(where, f"{ft}.action", "must be a string")
+            _check_ints(t, ("size", "addr", "device_free"), where, ft)
+            if "frames" in t:
+                _check_frames(t["frames"], where, f"{ft}.frames")
+
+
 def validate(data: Any, where: str = "snapshot") -> None:
     """Check the structure the analysis relies on; name the first field that is wrong."""
     if not isinstance(data, dict):
@@ -115,54 +171,8 @@ def validate(data: Any, where: str = "snapshot") -> None:
     if not isinstance(segs, list):
         raise _fail(where, "segments", f"must be a list, got {type(segs).__name__}")
     for i, s in enumerate(segs):
-        f = f"segments[{i}]"
-        if not isinstance(s, dict):
-            raise _fail(where, f, f"must be a dict, got {type(s).__name__}")
-        for key in ("address", "total_size"):
-            if key not in s:
-                raise _fail(where, f"{f}.{key}", "is missing")
-        for key in ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream"):
-            if key in s and not _is_int(s[key]):
-                raise _fail(where, f"{f}.{key}", f"must be an integer, got {type(s[key]).__name__}")
-        if "segment_type" in s and not isinstance(s["segment_type"], str):
-            raise _fail(where, f"{f}.segment_type", "must be a string")
-        if "frames" in s:
-            _check_frames(s["frames"], where, f"{f}.frames")
-        blocks = s.get("blocks", [])
-        if not isinstance(blocks, list):
-            raise _fail(where, f"{f}.blocks", f"must be a list, got {type(blocks).__name__}")
-        for j, b in enumerate(blocks):
-            fb = f"{f}.blocks[{j}]"
-            if not isinstance(b, dict):
-                raise _fail(where, fb, f"must be a dict, got {type(b).__name__}")
-            if "size" not in b:
-                raise _fail(where, f"{fb}.size", "is missing")
-            for key in ("size", "requested_size", "address"):
-                if key in b and not _is_int(b[key]):
-                    raise _fail(where, f"{fb}.{key}", f"must be an integer, got {type(b[key]).__name__}")
-            if "state" not in b:
-                raise _fail(where, f"{fb}.state", "is missing")
-            if b["state"] not in BLOCK_STATES:
-                raise _fail(where, f"{fb}.state", f"must be one of {', '.join(BLOCK_STATES)}, got {b['state']!r}")
-            if "frames" in b:
-                _check_frames(b["frames"], where, f"{fb}.frames")
-    traces = data.get("device_traces", [])
-    if not isinstance(traces, list):
-        raise _fail(where, "device_traces", f"must be a list, got {type(traces).__name__}")
-    for d, dev in enumerate(traces):
-        if not isinstance(dev, list):
-            raise _fail(where, f"device_traces[{d}]", f"must be a list, got {type(dev).__name__}")
-        for k, t in enumerate(dev):
-            ft = f"device_traces[{d}][{k}]"
-            if not isinstance(t, dict):
-                raise _fail(where, ft, f"must be a dict, got {type(t).__name__}")
-            if not isinstance(t.get("action"), str):
-                raise _fail(where, f"{ft}.action", "must be a string")
-            for key in ("size", "addr", "device_free"):
-                if key in t and not _is_int(t[key]):
-                    raise _fail(where, f"{ft}.{key}", f"must be an integer, got {type(t[key]).__name__}")
-            if "frames" in t:
-                _check_frames(t["frames"], where, f"{ft}.frames")
+        _check_segment(s, where, f"segments[{i}]")
+    _check_traces(data.get("device_traces", []), where)
     if "allocator_settings" in data and not isinstance(data["allocator_settings"], dict):
         raise _fail(where, "allocator_settings", "must be a dict")
 

@@ -85,6 +85,39 @@ def _max(vals: list) -> Any:
     return max(xs) if xs else None
 
 
+def _peak_notes(tl: list[dict]) -> tuple[str, str]:
+    peak = max((s for s in tl if s.get("kv_usage_percent") is not None),
+               key=lambda s: s["kv_usage_percent"], default=None)
+    kv_note = (f"peak {peak['kv_usage_percent']:g}% at line {peak['line']}" + (f" ({peak['ts']})" if peak.get("ts") else "")
+               if peak else "no KV usage figures")
+    wpeak = max((s for s in tl if s.get("waiting") is not None), key=lambda s: s["waiting"], default=None)
+    w_note = f"peak {wpeak['waiting']} waiting at line {wpeak['line']}" if wpeak else "no waiting figures"
+    return kv_note, w_note
+
+
+def _preemption_note(summary: dict | None, tl: list[dict]) -> str:
+    total_pre = (summary or {}).get("preemptions") or 0
+    placed = sum(s.get("preemptions") or 0 for s in tl)
+    src = (summary or {}).get("preemptions_source") or "none"
+    pre_note = f"{total_pre} preemption(s) (source: {src})"
+    if total_pre and not placed:
+        pre_note += "; the count has no time in the log, so it is not placed on the timeline"
+    return pre_note
+
+
+def _episode_lines(summary: dict | None) -> list[str]:
+    eps = episodes(summary)
+    lines = []
+    for k, e in enumerate(eps, 1):
+        when = f" ({e['start_ts']} → {e['end_ts']})" if e.get("start_ts") else ""
+        lines.append(f"episode {k}: lines {e['start_line']}-{e['end_line']}{when}, {e['samples']} sample(s), "
+                     f"KV {e['min_kv_usage_percent']:g}-{e['peak_kv_usage_percent']:g}%, "
+                     f"waiting {e['waiting_start']} → {e['waiting_end']} (peak {e['peak_waiting']})")
+    if not eps:
+        lines.append(f"no KV pressure episode (KV >= {KV_PRESSURE_PERCENT:g}% while requests waited)")
+    return lines
+
+
 def render_text(summary: dict | None, width: int = 60, ascii: bool = False) -> str:
     """A compact timeline: KV usage, waiting and running as sparklines, pressure and preemption marks,
     the peaks and the pressure episodes. One column per sample, or per bucket (max) on long logs."""
@@ -108,32 +141,14 @@ def render_text(summary: dict | None, width: int = 60, ascii: bool = False) -> s
     per = "" if len(tl) <= width else f", {len(tl) / len(buckets):.1f} samples per column (max)"
     lines = [f"runtime timeline: {len(tl)} stats sample(s), lines {first['line']}-{last['line']}"
              + (f" ({first.get('ts')} → {last.get('ts')})" if first.get("ts") else "") + per]
-    peak = max((s for s in tl if s.get("kv_usage_percent") is not None),
-               key=lambda s: s["kv_usage_percent"], default=None)
-    kv_note = (f"peak {peak['kv_usage_percent']:g}% at line {peak['line']}" + (f" ({peak['ts']})" if peak.get("ts") else "")
-               if peak else "no KV usage figures")
-    wpeak = max((s for s in tl if s.get("waiting") is not None), key=lambda s: s["waiting"], default=None)
-    w_note = f"peak {wpeak['waiting']} waiting at line {wpeak['line']}" if wpeak else "no waiting figures"
+    kv_note, w_note = _peak_notes(tl)
     lines.append(f"KV usage |{''.join(_level(v, 100.0, chars) for v in kv)}| {kv_note}")
     lines.append(f"waiting  |{''.join(_level(v, w_top, chars) for v in waiting)}| {w_note}")
     lines.append(f"running  |{''.join(_level(v, r_top, chars) for v in running)}| peak {r_top} running")
     n_press = sum(1 for s in tl if _pressure(s))
     lines.append(f"pressure |{''.join(press)}| {n_press} sample(s) with KV >= {KV_PRESSURE_PERCENT:g}% while requests waited")
-    total_pre = (summary or {}).get("preemptions") or 0
-    placed = sum(s.get("preemptions") or 0 for s in tl)
-    src = (summary or {}).get("preemptions_source") or "none"
-    pre_note = f"{total_pre} preemption(s) (source: {src})"
-    if total_pre and not placed:
-        pre_note += "; the count has no time in the log, so it is not placed on the timeline"
-    lines.append(f"preempt  |{''.join(pre)}| {pre_note}")
-    eps = episodes(summary)
-    for k, e in enumerate(eps, 1):
-        when = f" ({e['start_ts']} → {e['end_ts']})" if e.get("start_ts") else ""
-        lines.append(f"episode {k}: lines {e['start_line']}-{e['end_line']}{when}, {e['samples']} sample(s), "
-                     f"KV {e['min_kv_usage_percent']:g}-{e['peak_kv_usage_percent']:g}%, "
-                     f"waiting {e['waiting_start']} → {e['waiting_end']} (peak {e['peak_waiting']})")
-    if not eps:
-        lines.append(f"no KV pressure episode (KV >= {KV_PRESSURE_PERCENT:g}% while requests waited)")
+    lines.append(f"preempt  |{''.join(pre)}| {_preemption_note(summary, tl)}")
+    lines += _episode_lines(summary)
     text = "\n".join(lines)
     return text.replace("→", "->") if ascii else text
 

@@ -22,18 +22,20 @@ class _LadderCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
-def _size(value: str | None, what: str) -> int | None:
+def _size(value: str, what: str) -> int:
     from oomdoctor.errors import BadInput
     from oomdoctor.units import parse_size
 
-    if value is None:
-        return None
     n = parse_size(value)
     if n <= 0 and what == "--precision":
         raise BadInput(f"--precision must be positive (got {value})")
     if n < 0:
         raise BadInput(f"{what} must not be negative (got {value})")
     return n
+
+
+def _opt_size(value: str | None, what: str) -> int | None:
+    return None if value is None else _size(value, what)
 
 
 def print_table(ladder: dict, file=None) -> None:
@@ -62,7 +64,7 @@ def print_table(ladder: dict, file=None) -> None:
         con.print(Text(res["message"], style="bold"))
     m = res.get("margin") or {}
     if m.get("message") or m.get("note"):
-        con.print(Text("margin: " + (m.get("message") or m.get("note"))))
+        con.print(Text("margin: " + str(m.get("message") or m.get("note"))))
     d = res.get("declared") or {}
     if d.get("message"):
         con.print(Text("declared: " + d["message"]))
@@ -130,7 +132,7 @@ def command(ctx: click.Context, card: Path | None, precision: str, low: str | No
         if not n:
             raise BadInput("--declared must be positive")
         dec = {"bytes": n, "source": "--declared"}
-    elif profile_file is not None:
+    elif profile_file is not None and profile_name is not None:
         dec = read_profile(profile_file, profile_name)
     card_dict = None
     card_path = card
@@ -146,7 +148,7 @@ def command(ctx: click.Context, card: Path | None, precision: str, low: str | No
             card_path = out
         else:
             card_dict = fresh_card
-    ladder = run_ladder(card_path, card=card_dict, low=_size(low, "--low"), high=_size(high, "--high"), precision=prec,
+    ladder = run_ladder(card_path, card=card_dict, low=_opt_size(low, "--low"), high=_opt_size(high, "--high"), precision=prec,
                         floor=_size(floor_, "--floor"), declared=dec, gpu_index=gpu_index, timeout_s=timeout_s,
                         memory_timeout_s=memory_timeout_s, ballast=not no_ballast, fresh=fresh, max_starts=max_starts)
     if as_json:

@@ -1,4 +1,4 @@
-"""Stages 3+4 — match rules over a log and classify the ROOT failure.
+"""Stage 4 — classify the ROOT failure among the matches (:mod:`oomdoctor.diagnose.match` finds them).
 
 - A *phase tracker* follows the start-up milestones each process reaches (``role: milestone``
   rules) and the traceback frames printed before an error (``role: frame`` rules).
@@ -19,27 +19,14 @@ from typing import Any, Iterable
 
 from oomdoctor import contract
 from oomdoctor.errors import BadInput
-from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.read import SourceInfo
-from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet, anchors_of, version_in
+from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
+from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan
 
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
 FRAME_WINDOW = 800           # how far back traceback frames are looked for
-MAX_STORED_MATCHES = 200_000
-
-
-@dataclass
-class Match:
-    rule: Rule
-    line: LogLine
-    numbers: dict[str, Any]
-    groups: dict[str, str]
-
-    @property
-    def n(self) -> int:
-        return self.line.n
 
 
 @dataclass
@@ -73,75 +60,6 @@ class Diagnosis:
     def classification(self) -> dict:
         return {"class": self.klass, "phase": self.phase, "type": self.type, "rule": self.rule,
                 "engine": self.engine, "engine_version": self.engine_version}
-
-
-# ----------------------------------------------------------------------------- matching
-def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], engines: list[EngineSpec],
-                runtime: RuntimeTracker, hits: dict[str, dict]) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
-    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions);
-    ``hits`` receives, per rule id, the first matching line, its numbers and the match count.
-
-    The lines are the scanner's candidates (each holds a rule anchor or a version-line literal), so they are few:
-    0.6 % of a serving log. Each is parsed once and tried against the rules whose anchor it holds."""
-    from sys import intern
-
-    matches: list[Match] = []
-    detect_counts = {e.engine: 0 for e in engines}
-    versions: dict[str, tuple[str, int]] = {}
-    by_anchor: dict[str, list[Rule]] = {}
-    for r in rules:
-        for p in r.patterns:
-            by_anchor.setdefault(p.anchor, []).append(r)
-    anchor_items = list(by_anchor.items())
-    for n, raw in lines:
-        line = parse_line(n, raw)
-        text = line.text
-        for e in engines:
-            if any(s in text for s in e.detect):
-                detect_counts[e.engine] += 1
-            if e.engine not in versions:
-                for vp in e.version_patterns:
-                    m = vp.search(text)
-                    if m:
-                        versions[e.engine] = (m.group("version"), n)
-                        break
-        tried: set[str] = set()
-        for anchor, rs in anchor_items:
-            if anchor not in text:
-                continue
-            for r in rs:
-                if r.id in tried:
-                    continue
-                tried.add(r.id)
-                m = r.match(line)
-                if not m:
-                    continue
-                # group values (counts, percentages) repeat across thousands of stats lines: share them
-                mt = Match(r, line, r.extract(m), {k: intern(v) for k, v in m.groupdict().items() if v is not None})
-                h = hits.get(r.id)
-                if h is None:
-                    hits[r.id] = {"line": n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
-                else:
-                    h["count"] += 1
-                if r.role == "signal":
-                    runtime.add(mt)
-                elif len(matches) < MAX_STORED_MATCHES:
-                    matches.append(mt)
-    return matches, detect_counts, versions
-
-
-def choose_engine(ruleset: RuleSet, counts: dict[str, int], versions: dict[str, tuple[str, int]],
-                  forced: str | None) -> str | None:
-    if forced:
-        if forced not in ruleset.engines:
-            raise BadInput(f"unknown engine '{forced}' (rules exist for: {', '.join(sorted(ruleset.engines))})")
-        return forced
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0] in versions), default=(None, 0))
-    if best[1] > 0:
-        return best[0]
-    if versions:
-        return next(iter(versions))
-    return None
 
 
 # ----------------------------------------------------------------------------- phases
@@ -195,17 +113,11 @@ def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
 
 
 # ----------------------------------------------------------------------------- main
-def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, source: SourceInfo,
-                   engine: str | None = None, engine_version: str | None = None,
-                   metrics_text: str | None = None) -> Diagnosis:
-    all_rules = ruleset.rules
-    engines = list(ruleset.engines.values())
-    runtime = RuntimeTracker()
-    hits: dict[str, dict] = {}
-    matches, counts, versions = match_lines(lines, all_rules, engines, runtime, hits)
-    eng = choose_engine(ruleset, counts, versions, engine)
-    notes: list[str] = []
-    ver, ver_line = (engine_version, None)
+def engine_version_of(ruleset: RuleSet, eng: str | None, versions: dict[str, tuple[str, int]],
+                      forced: str | None) -> tuple[str | None, int | None]:
+    """The engine version (given, else the log's version line) and the line it was read from; refuses a
+    version the rules of that engine do not cover."""
+    ver, ver_line = (forced, None)
     if ver is None and eng in versions:
         ver, ver_line = versions[eng]
     if eng and ver:
@@ -218,45 +130,52 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
             where = f" (log line {ver_line})" if ver_line else ""
             raise BadInput(f"{spec.name} {ver}{where} is outside the versions the rules cover ({spec.covers}); "
                            f"pass --engine-version with a covered version to match it anyway")
-    if eng is None:
-        notes.append("no engine recognised in the log; rules of every engine were tried")
-    keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
-    runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
-    if metrics_text is not None:
-        runtime.add_metrics(metrics_text)
+    return ver, ver_line
 
-    milestones = [m for m in keep if m.rule.role == "milestone"]
-    frames = [m for m in keep if m.rule.role == "frame"]
-    cascades = [m for m in keep if m.rule.role == "cascade"]
-    roots = [m for m in keep if m.rule.role == "root"]
-    root = select_root(roots, cascades)
 
-    klass, phase, basis, rule_id, message, levers = "unknown", "none", "", None, "", []
+def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
+    """The Prometheus preemption counters of the log's engine (its engine.yaml), else of every engine."""
+    specs = [ruleset.engines[eng]] if eng else list(ruleset.engines.values())
+    return [c for spec in specs for c in spec.preemption_counters]
+
+
+@dataclass
+class Verdict:
+    """The class of a log and what decided it: its root line, else the runtime signals."""
+    klass: str = "unknown"
+    phase: str = "none"
+    basis: str = ""
+    rule: str | None = None
+    message: str = ""
+    levers: list[str] = field(default_factory=list)
+
+
+def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
+                  frames: list[Match], runtime: RuntimeTracker, notes: list[str]) -> Verdict:
+    v = Verdict()
     if root is not None:
         prev_err = max([c.n for c in roots + cascades if c.n < root.n and c.line.process == root.line.process] or [0])
-        ph, basis = phase_at(root, milestones, frames, prev_err)
+        ph, v.basis = phase_at(root, milestones, frames, prev_err)
         k, p = class_of(root, ph)
         if k is None:
             k, p = "unknown", "none"
             notes.append(f"rule {root.rule.id} matched at line {root.n} but the phase ({ph or 'unknown'}) "
                          "has no class in it: not guessing")
-        klass, phase, rule_id, message, levers = k, p, root.rule.id, root.rule.message, list(root.rule.levers)
-    else:
-        sig = runtime.classify()
-        if sig is not None:
-            klass, rule_id, message, levers, basis = sig["class"], sig.get("rule"), sig.get("message", ""), \
-                sig.get("levers", []), sig.get("basis", "")
-            phase = contract.CLASSES[klass]["phase"]
-        elif cascades:
-            notes.append("a wrapper error was found but not its root cause: the log is cut, or the cause was "
-                         "printed by another process whose output is missing")
+        v.klass, v.phase, v.rule, v.message, v.levers = k, p or "none", root.rule.id, root.rule.message, list(root.rule.levers)
+        return v
+    sig = runtime.classify()
+    if sig is not None:
+        v.klass, v.rule, v.message = sig["class"], sig.get("rule"), sig.get("message", "")
+        v.levers, v.basis = sig.get("levers", []), sig.get("basis", "")
+        v.phase = contract.CLASSES[v.klass]["phase"]
+    elif cascades:
+        notes.append("a wrapper error was found but not its root cause: the log is cut, or the cause was "
+                     "printed by another process whose output is missing")
+    return v
 
-    numbers, numbers_source, by_proc = merge_numbers(keep, root)
-    if root is None:
-        numbers.update({k: v for k, v in runtime.numbers().items() if k not in numbers})
-    ms_before = [m for m in milestones if root is None or m.n < root.n]
-    phase_reached = ms_before[-1].rule.reaches if ms_before else None
-    evidence = build_evidence(root, keep, runtime, phase_reached)
+
+def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, klass: str,
+                   phase_reached: str | None) -> None:
     if source.cut_lines:
         notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
     if root is None and klass == "unknown":
@@ -264,13 +183,45 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
             notes.append("the engine started and served; no memory failure in the log")
         elif phase_reached:
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
+
+
+def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, source: SourceInfo,
+                   engine: str | None = None, engine_version: str | None = None,
+                   metrics_text: str | None = None) -> Diagnosis:
+    runtime = RuntimeTracker()
+    hits: dict[str, dict] = {}
+    matches, counts, versions = match_lines(lines, ruleset.rules, list(ruleset.engines.values()), runtime, hits)
+    eng = choose_engine(ruleset, counts, versions, engine)
+    notes: list[str] = []
+    ver, ver_line = engine_version_of(ruleset, eng, versions, engine_version)
+    if eng is None:
+        notes.append("no engine recognised in the log; rules of every engine were tried")
+    keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
+    runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
+    if metrics_text is not None:
+        runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
+
+    milestones = [m for m in keep if m.rule.role == "milestone"]
+    frames = [m for m in keep if m.rule.role == "frame"]
+    cascades = [m for m in keep if m.rule.role == "cascade"]
+    roots = [m for m in keep if m.rule.role == "root"]
+    root = select_root(roots, cascades)
+    v = classify_root(root, roots, cascades, milestones, frames, runtime, notes)
+
+    numbers, numbers_source, by_proc = merge_numbers(keep, root)
+    if root is None:
+        numbers.update({k: n for k, n in runtime.numbers().items() if k not in numbers})
+    ms_before = [m for m in milestones if root is None or m.n < root.n]
+    phase_reached = ms_before[-1].rule.reaches if ms_before else None
+    evidence = build_evidence(root, keep, runtime, phase_reached)
+    _closing_notes(notes, source, root, v.klass, phase_reached)
     return Diagnosis(
-        source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=klass,
-        phase=phase, type=contract.CLASSES[klass]["type"], rule=rule_id, message=message, root=root,
+        source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,
+        phase=v.phase, type=contract.CLASSES[v.klass]["type"], rule=v.rule, message=v.message, root=root,
         evidence=evidence, numbers=numbers, numbers_source=numbers_source, numbers_by_process=by_proc,
-        phase_reached=phase_reached, phase_basis=basis, levers=levers, matches=keep,
+        phase_reached=phase_reached, phase_basis=v.basis, levers=v.levers, matches=keep,
         runtime=runtime.summary(), notes=notes,
-        hits={k: v for k, v in hits.items() if eng is None or v["engine"] == eng},
+        hits={k: h for k, h in hits.items() if eng is None or h["engine"] == eng},
     )
 
 

@@ -13,7 +13,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 from oomdoctor.errors import BadInput
 
@@ -35,7 +35,7 @@ class SourceInfo:
     cut_lines: list[int] = field(default_factory=list)   # line numbers longer than MAX_LINE_BYTES
 
 
-def _open_raw(path: Path) -> BinaryIO:
+def _open_raw(path: Path) -> io.BufferedReader:
     try:
         return open(path, "rb")
     except IsADirectoryError:
@@ -93,7 +93,7 @@ def probe(path: Path) -> tuple[bool, bytes]:
 class HashingReader(io.RawIOBase):
     """Wraps a binary file and feeds every byte read into sha256 (of the file as stored)."""
 
-    def __init__(self, f: BinaryIO, info: SourceInfo):
+    def __init__(self, f: io.BufferedReader, info: SourceInfo):
         self._f = f
         self._h = hashlib.sha256()
         self._info = info
@@ -135,7 +135,7 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
     info = info if info is not None else SourceInfo(str(path))
     info.compressed = gz
     raw = HashingReader(_open_raw(path), info)
-    stream: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(raw, CHUNK)) if gz else io.BufferedReader(raw, CHUNK)
+    stream: io.BufferedIOBase = gzip.GzipFile(fileobj=io.BufferedReader(raw, CHUNK)) if gz else io.BufferedReader(raw, CHUNK)
     n = 0
     try:
         while True:

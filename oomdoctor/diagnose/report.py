@@ -43,18 +43,10 @@ def _fmt_num(k: str, v: Any) -> str:
     return str(v)
 
 
-def render(card: dict, card_path: str | None, file=None) -> None:
-    from rich.console import Console
-    from rich.panel import Panel
+def _evidence(con: Any, card: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
-    c = card["classification"]
-    eng = card["engine"]
-    title = f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/] · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}"
-    body = Text(card.get("summary", ""))
-    con.print(Panel(body, title=title, title_align="left", border_style="red" if c["class"] not in ("unknown", "not_memory") else "yellow"))
     if card["evidence"]:
         t = Table(title="Evidence", show_header=True, header_style="bold", expand=False, title_justify="left")
         t.add_column("line", justify="right")
@@ -70,6 +62,11 @@ def render(card: dict, card_path: str | None, file=None) -> None:
             src = card.get("numbers_source", {}).get(k)
             t.add_row(Text(k), Text(_fmt_num(k, v)), f"line {src}" if src else "")
         con.print(t)
+
+
+def _runtime_snapshot_device(con: Any, card: dict) -> None:
+    from rich.text import Text
+
     rt = card.get("runtime") or {}
     if rt.get("timeline"):
         from oomdoctor.analysis.timeline import render_text
@@ -87,22 +84,45 @@ def render(card: dict, card_path: str | None, file=None) -> None:
                       + (f"; holders: {procs}" if procs else ""))
     else:
         con.print(Text(f"device state: {dev.get('status')} — {dev.get('reason', '')}", style="dim"))
-    if card["levers"]:
-        t = Table(title="Levers (try #1 first; one at a time)", show_header=True, header_style="bold", title_justify="left")
-        for col in ("#", "lever", "change", "predicted", "cost"):
-            t.add_column(col, overflow="fold")
-        for lv in card["levers"][:6]:
-            pred = lv["predicted"].get("outcome", "")
-            extra = ", ".join(f"{k}={_fmt_num(k, v)}" for k, v in lv["predicted"].items() if k != "outcome")
-            change = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
-            t.add_row(str(lv["rank"]), Text(lv["id"] + (" (overrides your value)" if lv.get("explicit_override") else "")),
-                      Text(change), Text(f"{pred} {extra}".strip()), Text(lv["cost"]))
-        con.print(t)
-        first = card["levers"][0]
-        if first.get("arithmetic"):
-            con.print("[bold]Arithmetic for lever #1[/]")
-            for a in first["arithmetic"]:
-                con.print(Text(f"  · {a}"))
+
+
+def _levers(con: Any, card: dict) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if not card["levers"]:
+        return
+    t = Table(title="Levers (try #1 first; one at a time)", show_header=True, header_style="bold", title_justify="left")
+    for col in ("#", "lever", "change", "predicted", "cost"):
+        t.add_column(col, overflow="fold")
+    for lv in card["levers"][:6]:
+        pred = lv["predicted"].get("outcome", "")
+        extra = ", ".join(f"{k}={_fmt_num(k, v)}" for k, v in lv["predicted"].items() if k != "outcome")
+        change = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
+        t.add_row(str(lv["rank"]), Text(lv["id"] + (" (overrides your value)" if lv.get("explicit_override") else "")),
+                  Text(change), Text(f"{pred} {extra}".strip()), Text(lv["cost"]))
+    con.print(t)
+    first = card["levers"][0]
+    if first.get("arithmetic"):
+        con.print("[bold]Arithmetic for lever #1[/]")
+        for a in first["arithmetic"]:
+            con.print(Text(f"  · {a}"))
+
+
+def render(card: dict, card_path: str | None, file: Any = None) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.text import Text
+
+    con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
+    c = card["classification"]
+    eng = card["engine"]
+    title = f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/] · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}"
+    body = Text(card.get("summary", ""))
+    con.print(Panel(body, title=title, title_align="left", border_style="red" if c["class"] not in ("unknown", "not_memory") else "yellow"))
+    _evidence(con, card)
+    _runtime_snapshot_device(con, card)
+    _levers(con, card)
     mc = card.get("model_check")
     if mc:
         rc = mc["recorded_config"]

@@ -1,184 +1,33 @@
-"""Stage 3 — rules: load the YAML rule files of ``rules/<engine>/`` and match them against lines.
+"""Stage 3 — rules: load and check the YAML rule files of each ``engines/<engine>/rules/`` folder.
 
 A rule is data (see ``docs/rules.md``): an id, the engine and its versions, a role, the
 class/phase it stands for, regex patterns with named groups, the numbers those groups
 give (with units), the levers that apply, and test cases beside it. A malformed rule
-fails loading with its file name and the reason.
+fails loading with its file name and the reason. The records themselves are in
+:mod:`oomdoctor.diagnose.rulespec` (re-exported here).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
 from oomdoctor import contract
 from oomdoctor.errors import RuleError
-from oomdoctor.diagnose.parse import LogLine
-from oomdoctor.units import UNIT_BYTES, convert
-
-try:  # Python 3.11+: the regex parser moved under re._parser
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover
-    import sre_parse  # type: ignore[no-redef]
+from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _check_spec, anchors_of,
+                                         derive_anchor, parse_version, version_in)
+from oomdoctor.units import UNIT_BYTES
 
 ROLES = ("root", "cascade", "milestone", "frame", "signal", "info")
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status"}
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "notes"}
-
-
-# ----------------------------------------------------------------------------- versions
-def parse_version(v: str) -> tuple[int, ...]:
-    """'0.25.1' → (0, 25, 1); suffixes like '.dev3+gabc', 'rc1', '+cu130' are ignored."""
-    m = re.match(r"v?(\d+(?:\.\d+)*)", str(v).strip())
-    if not m:
-        raise ValueError(f"not a version: {v!r}")
-    return tuple(int(x) for x in m.group(1).split("."))
-
-
-def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = max(len(a), len(b))
-    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-    return (a > b) - (a < b)
-
-
-def version_in(version: str, spec: str | None) -> bool:
-    """``version_in('0.25.1', '>=0.11,<0.34')``. An empty spec admits every version."""
-    if not spec:
-        return True
-    v = parse_version(version)
-    for part in str(spec).split(","):
-        part = part.strip()
-        m = re.match(r"(>=|<=|==|!=|>|<)\s*(.+)", part)
-        if not m:
-            raise ValueError(f"bad version spec {part!r}")
-        op, rhs = m.group(1), parse_version(m.group(2))
-        c = _cmp(v, rhs)
-        ok = {">=": c >= 0, "<=": c <= 0, "==": c == 0, "!=": c != 0, ">": c > 0, "<": c < 0}[op]
-        if not ok:
-            return False
-    return True
-
-
-def _check_spec(spec: Any, where: str) -> None:
-    if spec is None:
-        return
-    try:
-        version_in("0.0.0", str(spec))
-    except ValueError as e:
-        raise RuleError(f"{where}: {e}")
-
-
-# ----------------------------------------------------------------------------- anchors
-def derive_anchor(pattern: str) -> str | None:
-    """The longest literal run (≥ 4 chars) that every match of ``pattern`` contains."""
-    try:
-        parsed = sre_parse.parse(pattern)
-    except re.error:
-        return None
-    if parsed.state.flags & re.IGNORECASE:
-        return None
-    best, cur = "", []
-    for op, av in parsed:
-        if op is sre_parse.LITERAL:
-            cur.append(chr(av))
-            continue
-        if len(cur) > len(best):
-            best = "".join(cur)
-        cur = []
-    if len(cur) > len(best):
-        best = "".join(cur)
-    return best if len(best) >= 4 else None
-
-
-# ----------------------------------------------------------------------------- data classes
-@dataclass(frozen=True)
-class Pattern:
-    regex: re.Pattern[str]
-    anchor: str
-
-
-@dataclass(frozen=True)
-class NumberSpec:
-    name: str
-    group: str
-    unit: str
-
-
-@dataclass
-class Rule:
-    id: str
-    engine: str
-    role: str
-    patterns: list[Pattern]
-    path: str
-    versions: str | None = None
-    title: str = ""
-    klass: str | None = None
-    class_by_phase: dict[str, str] = field(default_factory=dict)
-    phase: str | None = None
-    reaches: str | None = None
-    priority: int = 0
-    fallback: bool = False
-    message: str = ""
-    numbers: list[NumberSpec] = field(default_factory=list)
-    levers: list[str] = field(default_factory=list)
-    tests: list[dict] = field(default_factory=list)
-
-    def applies_to(self, version: str | None) -> bool:
-        return version is None or version_in(version, self.versions)
-
-    def match(self, line: LogLine) -> re.Match[str] | None:
-        for p in self.patterns:
-            if p.anchor in line.text:
-                m = p.regex.search(line.msg) or (p.regex.search(line.text) if line.msg is not line.text else None)
-                if m:
-                    return m
-        return None
-
-    def extract(self, m: re.Match[str]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        gd = m.groupdict()
-        for spec in self.numbers:
-            raw = gd.get(spec.group)
-            if raw is None:
-                continue
-            try:
-                out[spec.name] = convert(raw, spec.unit)
-            except (ValueError, Exception):  # a malformed number in a log is skipped, never guessed
-                continue
-        return out
-
-
-@dataclass
-class EngineSpec:
-    engine: str
-    name: str
-    covers: str | None
-    detect: list[str]
-    version_patterns: list[re.Pattern[str]]
-    phases: list[str]
-    path: str
-
-
-@dataclass
-class RuleSet:
-    engines: dict[str, EngineSpec]
-    rules: list[Rule]
-
-    def for_engine(self, engine: str, version: str | None = None) -> list[Rule]:
-        return [r for r in self.rules if r.engine == engine and r.applies_to(version)]
-
-    def by_id(self, rule_id: str) -> Rule:
-        for r in self.rules:
-            if r.id == rule_id:
-                return r
-        raise KeyError(rule_id)
+__all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
+           "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes"}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -199,22 +48,8 @@ def _compile(regex: Any, where: str) -> re.Pattern[str]:
         raise RuleError(f"{where}: invalid regex ({e})")
 
 
-def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
-    where = f"{path}"
-    if not isinstance(d, dict):
-        raise RuleError(f"{where}: a rule must be a mapping")
-    rid = _req(d, "id", where)
-    where = f"{path} [{rid}]"
-    unknown = set(d) - RULE_KEYS
-    if unknown:
-        raise RuleError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    engine = _req(d, "engine", where)
-    if engine != engine_dir:
-        raise RuleError(f"{where}: engine '{engine}' does not match its folder rules/{engine_dir}/")
-    role = d.get("role", "root")
-    if role not in ROLES:
-        raise RuleError(f"{where}: role '{role}' is not one of {', '.join(ROLES)}")
-    _check_spec(d.get("versions"), where)
+def _class_and_phase(d: dict, role: str, where: str) -> tuple[str | None, dict, str | None]:
+    """The rule's class, class_by_phase and phase, checked against the contract."""
     klass = d.get("class")
     cbp = d.get("class_by_phase") or {}
     if klass is not None and klass not in contract.CLASSES:
@@ -235,11 +70,10 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         raise RuleError(f"{where}: phase '{phase}' is not a contract phase")
     if klass and phase != contract.CLASSES[klass]["phase"]:
         raise RuleError(f"{where}: class '{klass}' belongs to phase '{contract.CLASSES[klass]['phase']}', not '{phase}'")
-    reaches = d.get("reaches")
-    if role in ("milestone", "frame"):
-        if reaches not in contract.PHASES:
-            raise RuleError(f"{where}: a {role} rule needs 'reaches: <phase>' (one of {', '.join(contract.PHASES)})")
-    pats = _req(d, "patterns", where, list)
+    return klass, cbp, phase
+
+
+def _patterns(pats: list, where: str) -> list[Pattern]:
     if not pats:
         raise RuleError(f"{where}: 'patterns' is empty")
     patterns = []
@@ -256,9 +90,13 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         if not anchor.isascii():
             raise RuleError(f"{pw}: the anchor must be ASCII")
         patterns.append(Pattern(rx, anchor))
+    return patterns
+
+
+def _numbers(specs: dict, patterns: list[Pattern], where: str) -> list[NumberSpec]:
     numbers = []
-    groups = set().union(*(set(p.regex.groupindex) for p in patterns))
-    for name, spec in (d.get("numbers") or {}).items():
+    groups: set[str] = set().union(*(set(p.regex.groupindex) for p in patterns))
+    for name, spec in specs.items():
         nw = f"{where} numbers.{name}"
         if isinstance(spec, str):
             spec = {"group": name, "unit": spec}
@@ -273,6 +111,10 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         if unit.lower() in UNIT_BYTES and not name.endswith("_bytes"):
             raise RuleError(f"{nw}: a byte quantity's name must end in _bytes")
         numbers.append(NumberSpec(name, group, unit))
+    return numbers
+
+
+def _levers_tests_priority(d: dict, where: str) -> tuple[list, list, int]:
     levers = d.get("levers") or []
     if not isinstance(levers, list):
         raise RuleError(f"{where}: 'levers' must be a list")
@@ -285,6 +127,33 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
     prio = d.get("priority", 0)
     if not isinstance(prio, int):
         raise RuleError(f"{where}: 'priority' must be an integer")
+    return levers, tests, prio
+
+
+def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
+    where = f"{path}"
+    if not isinstance(d, dict):
+        raise RuleError(f"{where}: a rule must be a mapping")
+    rid = _req(d, "id", where)
+    where = f"{path} [{rid}]"
+    unknown = set(d) - RULE_KEYS
+    if unknown:
+        raise RuleError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    engine = _req(d, "engine", where)
+    if engine != engine_dir:
+        raise RuleError(f"{where}: engine '{engine}' does not match its folder rules/{engine_dir}/")
+    role = d.get("role", "root")
+    if role not in ROLES:
+        raise RuleError(f"{where}: role '{role}' is not one of {', '.join(ROLES)}")
+    _check_spec(d.get("versions"), where)
+    klass, cbp, phase = _class_and_phase(d, role, where)
+    reaches = d.get("reaches")
+    if role in ("milestone", "frame"):
+        if reaches not in contract.PHASES:
+            raise RuleError(f"{where}: a {role} rule needs 'reaches: <phase>' (one of {', '.join(contract.PHASES)})")
+    patterns = _patterns(_req(d, "patterns", where, list), where)
+    numbers = _numbers(d.get("numbers") or {}, patterns, where)
+    levers, tests, prio = _levers_tests_priority(d, where)
     return Rule(
         id=rid, engine=engine, role=role, patterns=patterns, path=str(path), versions=d.get("versions"),
         title=d.get("title", ""), klass=klass, class_by_phase=dict(cbp), phase=phase, reaches=reaches,
@@ -315,7 +184,10 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     for ph in phases:
         if ph not in contract.PHASES:
             raise RuleError(f"{where}: phase '{ph}' is not a contract phase")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path))
+    counters = d.get("preemption_counters") or []
+    if not isinstance(counters, list) or not all(isinstance(x, str) and x for x in counters):
+        raise RuleError(f"{where}: 'preemption_counters' must be a list of Prometheus metric names")
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters))
 
 
 def _load_yaml(path: Path) -> Any:
@@ -371,16 +243,3 @@ def _cached(root: str) -> RuleSet:
 def default_rules(root: str | Path | None = None) -> RuleSet:
     from oomdoctor.paths import rules_dir
     return _cached(str(root or rules_dir()))
-
-
-def anchors_of(rules: Iterable[Rule], engines: Iterable[EngineSpec] = ()) -> set[bytes]:
-    """What the scanner looks for: every pattern's anchor and the version lines. Engine detection strings are
-    NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
-    such as a process prefix, would otherwise send the whole log through Python)."""
-    out = {p.anchor.encode() for r in rules for p in r.patterns}
-    for e in engines:
-        for vp in e.version_patterns:
-            a = derive_anchor(vp.pattern)
-            if a:
-                out.add(a.encode())
-    return out

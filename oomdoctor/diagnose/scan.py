@@ -27,7 +27,7 @@ import tempfile
 import threading
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import IO, Iterable, Iterator
 
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import CHUNK, GZIP_MAGIC, MAX_LINE_BYTES, SourceInfo, iter_lines, probe
@@ -187,6 +187,75 @@ def _ere(anchors: list[bytes]) -> bytes:
     return b"|".join(re.sub(rb"([.\[\]()*+?{}|^$\\])", rb"\\\1", a) for a in anchors)
 
 
+def _start_grep(path: Path, anchors: list[bytes], gz: bool, grep: str,
+                side: dict) -> tuple[subprocess.Popen[bytes] | None, threading.Thread, str | None]:
+    """grep over the file (or over the gunzipped stream fed to its stdin), and the thread that hashes and counts
+    the file meanwhile. Returns (grep process or None when there is nothing to look for, thread, pattern file)."""
+    env = dict(os.environ, LC_ALL="C")
+    env.pop("GREP_OPTIONS", None)            # old greps read options from it (e.g. --color=always)
+    # an anchor holding a newline can never match a line (python path neither); drop it from grep's pattern
+    grep_anchors = [a for a in anchors if b"\n" not in a]
+    if not grep_anchors:                     # nothing to look for: still hash and count
+        worker = threading.Thread(target=(_feed_gzip if gz else _read_plain),
+                                  args=((path, io.BytesIO(), side) if gz else (path, side)), daemon=True)
+        return None, worker, None
+    with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
+        tf.write(_ere(grep_anchors) + b"\n")
+        pattern_file = tf.name
+    cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
+    if gz:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        worker = threading.Thread(target=_feed_gzip, args=(path, proc.stdin, side), daemon=True)
+    else:
+        proc = subprocess.Popen(cmd + ["--", str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        worker = threading.Thread(target=_read_plain, args=(path, side), daemon=True)
+    return proc, worker, pattern_file
+
+
+def _grep_records(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[tuple[int, bytes]]:
+    """grep's ``N:line`` records as (N, line cut to MAX_LINE_BYTES)."""
+    limit = MAX_LINE_BYTES + 32              # "<line number>:" + the line's first MAX_LINE_BYTES + "\n"
+    while True:
+        rec = out.readline(limit)
+        if not rec:
+            break
+        colon = rec.find(b":")
+        if colon <= 0:
+            continue
+        n = int(rec[:colon])
+        if rec.endswith(b"\n"):
+            line = rec[colon + 1:-1]
+        else:                                # longer than the limit: skip the rest of it
+            line = rec[colon + 1:]
+            while True:
+                rest = out.readline(limit)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        text = line[:MAX_LINE_BYTES].rstrip(b"\r\n")
+        if len(text) != len(line) and not rx.search(text):
+            continue                         # grep matched beyond the cut (or in the stripped tail)
+        yield n, text
+
+
+def _stop_grep(proc: subprocess.Popen[bytes] | None, worker: threading.Thread, pattern_file: str | None) -> None:
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for s in (proc.stdout, proc.stderr):
+            if s is not None:
+                s.close()
+    worker.join()
+    if proc is not None and proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    if pattern_file:
+        os.unlink(pattern_file)
+
+
 def scan_grep(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, grep: str) -> Iterator[tuple[int, bytes]]:
     """The grep fast path; yields exactly what ``scan_python`` yields (the test-suite checks it):
     a line longer than MAX_LINE_BYTES is cut and only its first MAX_LINE_BYTES are searched."""
@@ -196,76 +265,21 @@ def scan_grep(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInf
     anchors = sorted({a for a in anchors if a})
     rx = _anchor_regex(anchors)
     side: dict = {}
-    env = dict(os.environ, LC_ALL="C")
-    env.pop("GREP_OPTIONS", None)            # old greps read options from it (e.g. --color=always)
-    proc = None
-    pattern_file = None
-    # an anchor holding a newline can never match a line (python path neither); drop it from grep's pattern
-    grep_anchors = [a for a in anchors if b"\n" not in a]
-    if grep_anchors:
-        with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
-            tf.write(_ere(grep_anchors) + b"\n")
-            pattern_file = tf.name
-        cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
-        if gz:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-            worker = threading.Thread(target=_feed_gzip, args=(path, proc.stdin, side), daemon=True)
-        else:
-            proc = subprocess.Popen(cmd + ["--", str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env)
-            worker = threading.Thread(target=_read_plain, args=(path, side), daemon=True)
-    else:                                    # nothing to look for: still hash and count
-        worker = threading.Thread(target=(_feed_gzip if gz else _read_plain),
-                                  args=((path, io.BytesIO(), side) if gz else (path, side)), daemon=True)
+    proc, worker, pattern_file = _start_grep(path, anchors, gz, grep, side)
     worker.start()
-    limit = MAX_LINE_BYTES + 32              # "<line number>:" + the line's first MAX_LINE_BYTES + "\n"
     try:
-        out = proc.stdout if proc is not None else io.BytesIO()
-        assert out is not None
-        while True:
-            rec = out.readline(limit)
-            if not rec:
-                break
-            colon = rec.find(b":")
-            if colon <= 0:
-                continue
-            n = int(rec[:colon])
-            if rec.endswith(b"\n"):
-                line = rec[colon + 1:-1]
-            else:                            # longer than the limit: skip the rest of it
-                line = rec[colon + 1:]
-                while True:
-                    rest = out.readline(limit)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-            text = line[:MAX_LINE_BYTES].rstrip(b"\r\n")
-            if len(text) != len(line) and not rx.search(text):
-                continue                     # grep matched beyond the cut (or in the stripped tail)
-            yield n, text
+        out: IO[bytes] = proc.stdout if proc is not None and proc.stdout is not None else io.BytesIO()
+        yield from _grep_records(out, rx)
         if proc is not None:
             proc.wait()
         worker.join()
         if "error" in side:
             raise BadInput(f"{path}: {side['error']}")
         if proc is not None and proc.returncode not in (0, 1):
-            err = proc.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
+            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
             raise BadInput(f"{path}: cannot be scanned ({err or 'grep exit ' + str(proc.returncode)})")
     finally:
-        if proc is not None:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for s in (proc.stdout, proc.stderr):
-                if s is not None:
-                    s.close()
-        worker.join()
-        if proc is not None and proc.stdin is not None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        if pattern_file:
-            os.unlink(pattern_file)
+        _stop_grep(proc, worker, pattern_file)
         info.sha256 = side.get("sha256", "")
         info.size_bytes = side.get("size", 0)
         info.lines = side.get("lines", 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 KV_PRESSURE_PERCENT = 95.0
 PRESSURE_MIN_SAMPLES = 2
@@ -47,6 +47,7 @@ class RuntimeTracker:
         self.preemption_events = 0          # from per-interval fields / warnings
         self.preemption_cumulative: int | None = None
         self.metrics: dict[str, float] = {}
+        self.preemption_counter: str | None = None       # the engine's preemption counter, once --metrics is read
         self.rejections: list = []
         self.rejection_count = 0
         self.first_pressure: int | None = None
@@ -123,8 +124,9 @@ class RuntimeTracker:
             self.samples = self.samples[::2]
             self._stride *= 2
 
-    def add_metrics(self, text: str) -> None:
-        """Read a Prometheus /metrics text: counters summed over their label sets."""
+    def add_metrics(self, text: str, preemption_counters: Sequence[str] = ()) -> None:
+        """Read a Prometheus /metrics text: counters summed over their label sets. ``preemption_counters``: the
+        engine's preemption counter names (its ``engine.yaml``), the first one present counts."""
         for raw in text.splitlines():
             raw = raw.strip()
             if not raw or raw.startswith("#"):
@@ -137,10 +139,12 @@ class RuntimeTracker:
             except ValueError:
                 continue
             self.metrics[m.group("name")] = self.metrics.get(m.group("name"), 0.0) + val
-        for name in ("vllm:num_preemptions_total", "vllm:num_preemptions"):
+        for name in preemption_counters:
             if name in self.metrics:
                 self.preemption_cumulative = max(self.preemption_cumulative or 0, int(self.metrics[name]))
                 break
+        if preemption_counters:
+            self.preemption_counter = preemption_counters[0]
 
     # -- results --------------------------------------------------------------------
     @property
@@ -150,8 +154,8 @@ class RuntimeTracker:
     def classify(self) -> dict | None:
         if self.preemptions > 0:
             basis = "preemption counter" if self.preemption_cumulative else "preemption count in the log"
-            if self.metrics and self.preemption_cumulative:
-                basis = "Prometheus counter vllm:num_preemptions_total (--metrics)"
+            if self.metrics and self.preemption_cumulative and self.preemption_counter:
+                basis = f"Prometheus counter {self.preemption_counter} (--metrics)"
             return {"class": "kv_preemption", "rule": "runtime.preemption.counted", "basis": basis,
                     "levers": PREEMPTION_LEVERS,
                     "message": f"{self.preemptions} preemption(s): running requests were evicted and recomputed "

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from oomdoctor.diagnose import classify
+from oomdoctor.diagnose import match as matching
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import CHUNK, MAX_LINE_BYTES, PROBE_BYTES, SourceInfo, looks_binary
 from oomdoctor.diagnose.rules import anchors_of, default_rules
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan, scan_grep, scan_python
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GREP = shutil.which("grep")
 M = MAX_LINE_BYTES
 needs_grep = pytest.mark.skipif(GREP is None, reason="no grep on PATH")
@@ -226,7 +226,7 @@ def test_generated_logs_same_pairs(tmp_path_factory, lines, last_newline, gz, lo
 def _run(lines):
     """match_lines over ``lines`` → comparable (matches, detection counts, versions, runtime summary, hits)."""
     rt, hits = RuntimeTracker(), {}
-    matches, counts, versions = classify.match_lines(list(lines), RULES.rules, list(RULES.engines.values()), rt, hits)
+    matches, counts, versions = matching.match_lines(list(lines), RULES.rules, list(RULES.engines.values()), rt, hits)
     rt.select(lambda engine, versions: True)
     return [(m.rule.id, m.n, m.line.msg, m.numbers, m.groups) for m in matches], counts, versions, rt.summary(), hits
 

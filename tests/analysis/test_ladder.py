@@ -21,7 +21,7 @@ from oomdoctor.errors import BadInput
 from oomdoctor.analysis.ladder import (bracket_state, exit_code, expected_starts, next_rung, read_profile, run_ladder)
 from oomdoctor.diagnose.rules import default_rules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 FAKE = ROOT / "tests" / "fake_ladder_engine.py"
 MiB, GiB = 1 << 20, 1 << 30
@@ -280,6 +280,7 @@ def test_bad_input_is_refused(tmp_path: Path) -> None:
     assert "ladder" not in cardmod.load_dict(card)                          # nothing was written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,msg", [
     (["--precision", "0"], "precision must be positive"),
     (["--low", "12GiB", "--high", "3GiB"], "must be below high"),
@@ -294,6 +295,7 @@ def test_cli_bad_input_exits_2(tmp_path: Path, args: list[str], msg: str) -> Non
     assert msg in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_card_without_workload_exits_2(tmp_path: Path) -> None:
     card = make_card(tmp_path)
     d = cardmod.load_dict(card)
@@ -318,6 +320,7 @@ def command_card(tmp_path: Path, threshold: int) -> tuple[Path, Path]:
     return card, calls
 
 
+@pytest.mark.slow
 def test_engine_runner_through_real_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OOMDOCTOR_NO_NVML", "1")
     thr = 7_000_000_000
@@ -344,6 +347,7 @@ def test_engine_runner_through_real_processes(tmp_path: Path, monkeypatch: pytes
     assert res["margin"]["weights_bytes"] == D_WEIGHTS and res["margin"]["arena_bytes"] == 2_995_739_689
 
 
+@pytest.mark.slow
 def test_cli_command_workload_json_and_resume(tmp_path: Path) -> None:
     thr = 6_500_000_000
     calls = tmp_path / "calls.txt"
@@ -375,6 +379,7 @@ def test_cli_command_workload_json_and_resume(tmp_path: Path) -> None:
     assert r.returncode == 2 and "holds another workload" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_failure_that_is_not_memory_stops_the_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No engine, no GPU, a missing model: not a rung of the memory ladder — stop, record it as an error, do not
     let it pull the threshold up; a later run ignores it."""
@@ -416,6 +421,7 @@ def test_profiles_module_reads_the_ladder_section(tmp_path: Path) -> None:
     assert got["engine_version"] == "0.25.1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [2, 15])      # SIGINT, SIGTERM
 def test_killed_ladder_keeps_its_rungs_and_leaves_no_process(tmp_path: Path, sig: int) -> None:
     import time

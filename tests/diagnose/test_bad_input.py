@@ -20,7 +20,7 @@ from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import default_rules
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 RULES = default_rules()

@@ -12,7 +12,7 @@ from oomdoctor.diagnose import read
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import MAX_LINE_BYTES, PROBE_BYTES, SourceInfo, file_sha256, iter_lines, looks_binary, probe
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "vllm-0.25.1-h200"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "vllm-0.25.1-h200"
 M = MAX_LINE_BYTES
 
 

@@ -26,7 +26,7 @@ from oomdoctor.analysis.snapshot import NO_STACK, analyze_snapshot, load_snapsho
 
 MiB = 1 << 20
 GiB = 1 << 30
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "fixtures" / "snapshots" / "h200_oom.pickle"
 
 CXX = {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"}

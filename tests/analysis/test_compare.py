@@ -14,7 +14,7 @@ import pytest
 from oomdoctor.analysis.compare import compare, plot
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 NVML_TOTAL = 150_754_820_096
@@ -154,6 +154,7 @@ def test_cross_version_warns_and_compares_only_stable_rows(tmp_path: Path) -> No
     assert st["max_num_seqs"]["aligned"] is False
 
 
+@pytest.mark.slow
 def test_cli_json_and_table() -> None:
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "oomdoctor", "compare", str(FX / "D_pass.log"), str(FX / "F1b_pass.log"), "--json"],

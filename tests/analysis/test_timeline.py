@@ -13,7 +13,7 @@ from oomdoctor.diagnose.rules import load_rules
 from oomdoctor.paths import rules_dir
 from oomdoctor.analysis.timeline import episodes, plot, render_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "Eserve_pass.log"
 
 

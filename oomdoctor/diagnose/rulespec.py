@@ -1,0 +1,180 @@
+"""What a rule is: the rule, engine and rule-set records, version ranges, and the literal anchors the scanner
+looks for. Loading and checking the YAML files is :mod:`oomdoctor.diagnose.rules`."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from oomdoctor.diagnose.parse import LogLine
+from oomdoctor.errors import RuleError
+from oomdoctor.units import convert
+
+try:  # Python 3.11+: the regex parser moved under re._parser
+    from re import _parser as sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_parse  # type: ignore[no-redef]
+
+
+# ----------------------------------------------------------------------------- versions
+def parse_version(v: str) -> tuple[int, ...]:
+    """'0.25.1' → (0, 25, 1); suffixes like '.dev3+gabc', 'rc1', '+cu130' are ignored."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)", str(v).strip())
+    if not m:
+        raise ValueError(f"not a version: {v!r}")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    return (a > b) - (a < b)
+
+
+def version_in(version: str, spec: str | None) -> bool:
+    """``version_in('0.25.1', '>=0.11,<0.34')``. An empty spec admits every version."""
+    if not spec:
+        return True
+    v = parse_version(version)
+    for part in str(spec).split(","):
+        part = part.strip()
+        m = re.match(r"(>=|<=|==|!=|>|<)\s*(.+)", part)
+        if not m:
+            raise ValueError(f"bad version spec {part!r}")
+        op, rhs = m.group(1), parse_version(m.group(2))
+        c = _cmp(v, rhs)
+        ok = {">=": c >= 0, "<=": c <= 0, "==": c == 0, "!=": c != 0, ">": c > 0, "<": c < 0}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _check_spec(spec: Any, where: str) -> None:
+    if spec is None:
+        return
+    try:
+        version_in("0.0.0", str(spec))
+    except ValueError as e:
+        raise RuleError(f"{where}: {e}")
+
+
+# ----------------------------------------------------------------------------- anchors
+def derive_anchor(pattern: str) -> str | None:
+    """The longest literal run (≥ 4 chars) that every match of ``pattern`` contains."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error:
+        return None
+    if parsed.state.flags & re.IGNORECASE:
+        return None
+    best, cur = "", []
+    for op, av in parsed:
+        if op is sre_parse.LITERAL:
+            cur.append(chr(av))
+            continue
+        if len(cur) > len(best):
+            best = "".join(cur)
+        cur = []
+    if len(cur) > len(best):
+        best = "".join(cur)
+    return best if len(best) >= 4 else None
+
+
+# ----------------------------------------------------------------------------- data classes
+@dataclass(frozen=True)
+class Pattern:
+    regex: re.Pattern[str]
+    anchor: str
+
+
+@dataclass(frozen=True)
+class NumberSpec:
+    name: str
+    group: str
+    unit: str
+
+
+@dataclass
+class Rule:
+    id: str
+    engine: str
+    role: str
+    patterns: list[Pattern]
+    path: str
+    versions: str | None = None
+    title: str = ""
+    klass: str | None = None
+    class_by_phase: dict[str, str] = field(default_factory=dict)
+    phase: str | None = None
+    reaches: str | None = None
+    priority: int = 0
+    fallback: bool = False
+    message: str = ""
+    numbers: list[NumberSpec] = field(default_factory=list)
+    levers: list[str] = field(default_factory=list)
+    tests: list[dict] = field(default_factory=list)
+
+    def applies_to(self, version: str | None) -> bool:
+        return version is None or version_in(version, self.versions)
+
+    def match(self, line: LogLine) -> re.Match[str] | None:
+        for p in self.patterns:
+            if p.anchor in line.text:
+                m = p.regex.search(line.msg) or (p.regex.search(line.text) if line.msg is not line.text else None)
+                if m:
+                    return m
+        return None
+
+    def extract(self, m: re.Match[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        gd = m.groupdict()
+        for spec in self.numbers:
+            raw = gd.get(spec.group)
+            if raw is None:
+                continue
+            try:
+                out[spec.name] = convert(raw, spec.unit)
+            except (ValueError, Exception):  # a malformed number in a log is skipped, never guessed
+                continue
+        return out
+
+
+@dataclass
+class EngineSpec:
+    engine: str
+    name: str
+    covers: str | None
+    detect: list[str]
+    version_patterns: list[re.Pattern[str]]
+    phases: list[str]
+    path: str
+    # Prometheus counters of preemptions this engine exports (--metrics), the canonical name first
+    preemption_counters: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RuleSet:
+    engines: dict[str, EngineSpec]
+    rules: list[Rule]
+
+    def for_engine(self, engine: str, version: str | None = None) -> list[Rule]:
+        return [r for r in self.rules if r.engine == engine and r.applies_to(version)]
+
+    def by_id(self, rule_id: str) -> Rule:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        raise KeyError(rule_id)
+
+
+def anchors_of(rules: Iterable[Rule], engines: Iterable[EngineSpec] = ()) -> set[bytes]:
+    """What the scanner looks for: every pattern's anchor and the version lines. Engine detection strings are
+    NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
+    such as a process prefix, would otherwise send the whole log through Python)."""
+    out = {p.anchor.encode() for r in rules for p in r.patterns}
+    for e in engines:
+        for vp in e.version_patterns:
+            a = derive_anchor(vp.pattern)
+            if a:
+                out.add(a.encode())
+    return out
