@@ -127,3 +127,5 @@ class CardDict(TypedDict, total=False):
     attempts: list[Attempt]
     snapshot: dict[str, Any]
     model_check: dict[str, Any]
+    ladder: dict[str, Any]
+    plugin: dict[str, Any]

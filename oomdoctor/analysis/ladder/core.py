@@ -5,7 +5,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from oomdoctor import __version__
 from oomdoctor.analysis.ladder.bisection import (DEFAULT_FLOOR, DEFAULT_PRECISION, _gpu, bracket_state,
@@ -15,6 +15,7 @@ from oomdoctor.analysis.ladder.runner import EngineRunner, Runner, _normalize
 from oomdoctor.analysis.ladder.store import _resume_refusal, _Store
 from oomdoctor.analysis.ladder.summary import _fmt, summarize
 from oomdoctor.card import store as cardmod
+from oomdoctor.card.records import CardDict
 from oomdoctor.errors import BadInput
 from oomdoctor.units import human_bytes
 
@@ -141,7 +142,7 @@ def _load_card(card_path: str | Path | None, card: dict | None, precision: int |
     if max_starts is not None and max_starts < 1:
         raise BadInput("--max-starts must be at least 1")
     if card_path is not None:
-        card = cardmod.load_dict(card_path)
+        card = dict(cardmod.load_dict(card_path))
     if card is None:
         raise BadInput("no card and no command: nothing to measure")
     return card
@@ -179,7 +180,7 @@ def run_ladder(card_path: str | Path | None = None, *, card: dict | None = None,
     """
     say: Progress = progress or (lambda s: print(s, file=sys.stderr, flush=True))
     card = _load_card(card_path, card, precision, max_starts)
-    ident = workload_identity(card, gpu_index)
+    ident = workload_identity(cast(CardDict, card), gpu_index)
     plan = ident["plan"]
     if device is None:
         from oomdoctor.device import nvml as devmod

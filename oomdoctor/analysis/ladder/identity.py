@@ -1,15 +1,18 @@
 """What the ladder measures: the card's workload as retest would run it, and its fingerprints."""
 from __future__ import annotations
 
+from typing import Any
+
 from oomdoctor import contract
 from oomdoctor.card import store as cardmod
 from oomdoctor.card.fingerprint import effective_config, fingerprint
+from oomdoctor.card.records import CardDict, Lever
 from oomdoctor.errors import BadInput
 
-NONE_LEVER = {"id": "none", "change": {}, "rank": 0, "predicted": {}, "cost": "nothing: the workload as recorded"}
+NONE_LEVER: Lever = {"id": "none", "change": {}, "rank": 0, "predicted": {}, "cost": "nothing: the workload as recorded"}
 
 
-def workload_identity(card: dict, gpu_index: int = 0) -> dict:
+def workload_identity(card: CardDict, gpu_index: int = 0) -> dict:
     """What the ladder measures: the card's workload as ``retest`` would run it with no lever (the recorded
     launch + the changes of earlier attempts that fixed their failure). Raises BadInput for a card whose
     workload cannot be re-run."""
@@ -22,7 +25,7 @@ def workload_identity(card: dict, gpu_index: int = 0) -> dict:
     eng = card.get("engine") or {}
     eff = effective_config(eng.get("name") or "unknown", eng.get("version"), wl.get("model"), wl.get("model_revision"),
                            wl.get("engine_args") or {}, wl.get("env") or {})
-    ident = {"config": eff, "launcher": wl.get("launcher"), "requests": wl.get("requests") or {}}
+    ident: dict[str, Any] = {"config": eff, "launcher": wl.get("launcher"), "requests": wl.get("requests") or {}}
     if wl.get("launcher") == "command":
         ident["argv"] = list(wl.get("argv") or [])
     return {"plan": p, "effective_config": eff, "config_fingerprint": fingerprint(eff),
