@@ -13,7 +13,7 @@ import pytest
 from oomdoctor.engines.vllm import memory as M
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "fixtures" / "models"
 LOGS = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GIB = 1 << 30
