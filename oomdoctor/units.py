@@ -1,6 +1,7 @@
 """Numbers as engines print them → integers in bytes / tokens, and back for people."""
 from __future__ import annotations
 
+import math
 import re
 
 from oomdoctor.errors import BadInput
@@ -43,17 +44,33 @@ def to_bytes(value: str | float | int, unit: str) -> int:
     u = unit.strip().lower()
     if u not in UNIT_BYTES:
         raise BadInput(f"unknown size unit {unit!r}")
-    return int(round(float(str(value).replace(",", "")) * UNIT_BYTES[u]))
+    n = float(str(value).replace(",", "")) * UNIT_BYTES[u]
+    if not math.isfinite(n):
+        raise BadInput(f"not a memory size: {value!r} {unit} is not finite")
+    return int(round(n))
 
 
-def parse_size(text: str, default_unit: str = "B") -> int:
-    """Parse ``150754820096``, ``24GiB``, ``272.00 MiB``, ``5.2e9`` or a named card (``rtx4090``)."""
+def parse_size(text: str | int | float, default_unit: str = "B", *, what: str | None = None) -> int:
+    """THE size parser: ``150754820096`` (int or text), ``24GiB``, ``24 GB`` (decimal), ``272.00 MiB``, ``1,024 MiB``,
+    ``5.2e9``, a float of bytes (truncated), or a named card (``rtx4090``, ``H200``: its total, ``NAMED_CARDS``).
+    Raises BadInput for anything else (also for infinities), prefixed with ``what`` when given."""
+    try:
+        return _parse_size(text, default_unit)
+    except BadInput as e:
+        if what:
+            raise BadInput(f"{what}: {e}") from None
+        raise
+
+
+def _parse_size(text: str | int | float, default_unit: str) -> int:
     s = str(text).strip()
     key = s.lower().replace("_", "").replace(" ", "")
     if key in NAMED_CARDS:
         return NAMED_CARDS[key][1]
     try:
         return int(float(s)) if default_unit == "B" else to_bytes(s, default_unit)
+    except OverflowError:
+        raise BadInput(f"not a memory size: {text!r} is not finite") from None
     except ValueError:
         pass
     m = SIZE_RE.match(s)

@@ -13,7 +13,7 @@ import pytest
 from oomdoctor.engines.vllm import memory as M
 from oomdoctor.errors import BadInput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "fixtures" / "models"
 LOGS = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GIB = 1 << 30
@@ -559,3 +559,34 @@ def test_nonsense_sizes(tmp_path):
     cfg["hidden_size"] = -4096
     with pytest.raises(BadInput, match="hidden_size"):
         M.describe_model(write_config(tmp_path, cfg))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The common KVSpec base: a new attention kind is one class
+# ---------------------------------------------------------------------------------------------------
+
+def test_every_layer_kind_has_one_spec_class_on_the_common_base():
+    assert set(M.SPEC_BY_LAYER_KIND) == {"full", "sliding", "mla", "mamba"}
+    assert all(issubclass(c, M.KVSpec) for c in M.SPEC_BY_LAYER_KIND.values())
+
+
+def test_a_new_attention_kind_is_one_registered_class(monkeypatch):
+    from dataclasses import dataclass, replace
+
+    @dataclass(frozen=True)
+    class ChunkedLocalSpec(M.FullAttentionSpec):      # e.g. Llama-4's chunked local attention, 8192-token chunks
+        chunk: int = 8192
+
+        def max_memory_usage_bytes(self, max_model_len, max_num_batched_tokens):
+            return M.cdiv(min(self.chunk + max_num_batched_tokens, max_model_len), self.block_size) * self.page_size_bytes
+
+        @classmethod
+        def for_layer(cls, m, layer, ctx):
+            return cls(ctx.block_size, ctx.kv_heads, ctx.fmt.head_bytes(m.head_dim))
+
+    monkeypatch.setitem(M.SPEC_BY_LAYER_KIND, "chunked", ChunkedLocalSpec)
+    base = model("llama-3-8b")
+    m = replace(base, layer_kinds=("chunked",) * base.num_layers)
+    assert M.kv_bytes_per_token(m) == M.kv_bytes_per_token(base)
+    layout = M.kv_layout(m)
+    assert layout.needed_bytes(8192 * 4, 2048) < M.kv_layout(base).needed_bytes(8192 * 4, 2048)
