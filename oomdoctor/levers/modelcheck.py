@@ -1,4 +1,4 @@
-"""The memory model (``oomdoctor.memory`` through ``plan``) applied to an incident: does the model's arithmetic
+"""The memory model (``oomdoctor.engines.vllm.memory`` through ``plan``) applied to an incident: does the model's arithmetic
 reproduce the recorded failure, and what does it predict for each lever? Used by ``diagnose --model DIR``."""
 from __future__ import annotations
 

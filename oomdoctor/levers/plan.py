@@ -2,7 +2,7 @@
 
 ``plan(...) -> dict`` is the reusable core (the JSON object ``plan --json`` prints); ``command`` is the click
 verb (in oomdoctor/commands/plan.py). Exit 0 when the start is predicted to fit, 1 when not, 2 for bad input (BadInput, turned into one line
-by oomdoctor.cli). The arithmetic lives in ``oomdoctor.memory``; this module resolves the inputs, runs it,
+by oomdoctor.cli). The arithmetic lives in ``oomdoctor.engines.vllm.memory``; this module resolves the inputs, runs it,
 and asks the lever search (``oomdoctor.levers.search``) for single-setting changes that make a failing start fit.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 from oomdoctor.card.records import PlanLever
 from oomdoctor.engines.vllm import memory as M
-from oomdoctor.engines.vllm.defaults import CHECK_KEEP_BACK, max_passing_utilization
+from oomdoctor.engines.vllm.defaults import CHECK_KEEP_BACK, defaults_for, max_passing_utilization
 from oomdoctor.errors import BadInput
 from oomdoctor.levers.rank import dedupe
 from oomdoctor.units import NAMED_CARDS, human_bytes
@@ -92,7 +92,7 @@ def max_model_len(model: M.ModelInfo, inputs: Inputs, p: M.Prediction) -> list[C
                      f"the model's {model.max_len_key}")]
     avail = int(p.available_kv_bytes * (1 - LEVER_KV_MARGIN))
     n = M.estimate_max_model_len(p.layout, avail, model.derived_max_model_len, s.max_num_batched_tokens,
-                                 s.engine_version == "0.33.0")
+                                 defaults_for(s.engine_version).reserves_null_block)
     n = M.round_down(n, p.layout.block_size or 1)
     if n < 1 or n == s.max_model_len:
         return []

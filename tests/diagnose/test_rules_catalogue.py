@@ -157,7 +157,8 @@ def _from_origin(folder: Path) -> dict[str, str]:
     return out
 
 
-ALL_LOGS = sorted(p.relative_to(LOGS).as_posix() for p in LOGS.rglob("*.log"))
+# the field-guide fixtures carry their facts in field-guide/expected.yaml and have their own test
+ALL_LOGS = sorted(p.relative_to(LOGS).as_posix() for p in LOGS.rglob("*.log") if p.parent.name != "field-guide")
 
 
 def _expected(rel: str) -> str | None:
