@@ -14,7 +14,7 @@ import pytest
 
 from oomdoctor.device import nvml as devmod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200"
 GiB = 1 << 30
 
