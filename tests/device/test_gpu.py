@@ -1,7 +1,7 @@
 """On a real NVIDIA GPU (marked `gpu`, skipped without NVML): device state, the ballast, and a retest whose
 emulated free memory is held by a real ballast and given back by process group.
 
-Run on the lent H200 with `python -m pytest -q -m gpu tests/test_gpu.py` (needs torch for the ballast)."""
+Run on the lent H200 with `python -m pytest -q -m gpu tests/device/test_gpu.py` (needs torch for the ballast)."""
 from __future__ import annotations
 
 import importlib.util
