@@ -114,9 +114,8 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
-    """Build the card's workload section from the log's header and the matched ledger lines."""
-    header = read_header(path)
+def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(explicit arguments, resolved settings, served through the API server) from the matched ledger lines."""
     explicit: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
     serve = False
@@ -132,8 +131,26 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
         for m in matches:
             if k in m.numbers and m.rule.role == "info":
                 resolved.setdefault(v, m.numbers[k])
-    if "model_tag" in explicit:
-        serve = True
+    return explicit, resolved, serve or "model_tag" in explicit
+
+
+def _from_header(wl: Workload, header: dict[str, Any]) -> None:
+    """The capture harness's command and NVML reading before the start."""
+    if header.get("cmd"):
+        wl["harness_cmd"] = redact_argv(shlex.split(header["cmd"]))[:64] if _shlex_ok(header["cmd"]) else header["cmd"]
+    nv = header.get("nvml_before_start")
+    if isinstance(nv, dict) and "free" in nv:
+        wl["free_at_start_bytes"] = int(nv["free"])
+        if "total" in nv:
+            wl["gpu_total_bytes"] = int(nv["total"])
+        wl["free_at_start_source"] = "capture harness header (NVML before the start)"
+
+
+def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
+    """Build the card's workload section from the log's header and the matched ledger lines: the launcher, the model,
+    the explicit arguments, the env (the harness's record and what the engine's own lines name), port, TP/PP."""
+    header = read_header(path)
+    explicit, resolved, serve = _ledger(matches)
     record = header.get("record") or {}
     if record:
         recorded = cast(Workload, dict(record.get("workload") or {}))
@@ -166,14 +183,7 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     port = explicit.get("port") or server
     if port:
         wl["port"] = int(port)
-    if header.get("cmd"):
-        wl["harness_cmd"] = redact_argv(shlex.split(header["cmd"]))[:64] if _shlex_ok(header["cmd"]) else header["cmd"]
-    nv = header.get("nvml_before_start")
-    if isinstance(nv, dict) and "free" in nv:
-        wl["free_at_start_bytes"] = int(nv["free"])
-        if "total" in nv:
-            wl["gpu_total_bytes"] = int(nv["total"])
-        wl["free_at_start_source"] = "capture harness header (NVML before the start)"
+    _from_header(wl, header)
     return wl
 
 

@@ -137,3 +137,61 @@ def test_lever_needing_two_gpus_on_a_one_gpu_card_is_never_run(tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load(r.stdout)["lever"] == ids[tp_at + 1]
     assert not (tmp_path / "pids.txt").exists()
+
+
+@pytest.mark.slow
+def test_confirmed_follow_up_is_recorded(tmp_path: Path) -> None:
+    """The flagless B start: utilization 0.27 is expected to pass the check and then hit the 4,000,000-token window.
+    The fake engine replays the real A_fail log (that very kv_capacity failure) for it: the chain is confirmed."""
+    from tests.levers.test_chain_and_hardware import MODEL, flagless_b
+
+    card = tmp_path / "b.yaml"
+    assert run_cli("diagnose", str(flagless_b(tmp_path)), "--out", str(card), "--no-device", "--model",
+                   str(MODEL)).returncode == 0
+    d = yaml.safe_load(card.read_text())
+    assert d["levers"][0]["id"] == "gpu_memory_utilization"
+    d["workload"].update(launcher="command", engine_args={}, base_args={}, argv=[
+        sys.executable, str(FAKE), "--pids", str(tmp_path / "pids.txt"), "--fail-log", str(FX / "A_fail.log"),
+        "--pass-log", str(FX / "A_pass.log")])
+    d["workload"].pop("free_at_start_bytes", None)
+    cardmod.save(d, card)
+    r = run_cli("retest", str(card), "--engine", "real", "--no-emulate")     # no ballast on a CPU machine
+    assert r.returncode == 1, r.stderr
+    assert "expected: gpu_memory_utilization 0.27 passes the start-up check; then kv_capacity" in r.stderr
+    a = cardmod.load_dict(card)["attempts"][-1]
+    assert a["outcome"] == "fail" and a["classification"]["class"] == "kv_capacity"
+    assert a["chain_check"] == {"expected": "kv_capacity", "observed": "kv_capacity", "status": "confirmed"}
+    assert a["next_lever"]["id"] == "max_model_len"
+    assert "chain: expected kv_capacity, observed kv_capacity: confirmed" in r.stderr
+
+
+@pytest.mark.slow
+def test_twin_is_a_prediction_and_the_gate_never_takes_it(tmp_path: Path) -> None:
+    from oomdoctor.card.receipt import FoundAttempt
+    from oomdoctor.gate.verdict import _exact_verdict
+
+    card = fake_card(tmp_path)
+    r = run_cli("retest", str(card), "--engine", "twin")
+    assert r.returncode == 4, r.stderr
+    a = cardmod.load_dict(card)["attempts"][-1]
+    assert a["outcome"] == "predicted_pass" and a["engine"]["mode"] == "twin"
+    found = FoundAttempt(card, "card", dict(a), a["config_fingerprint"], a["effective_config"])
+    assert not found.is_passing(None)
+    v = _exact_verdict([found], ["nvidia-h200"], None)
+    assert v[0] == "fail" and v[1] == "not_real"
+    assert not (tmp_path / "pids.txt").exists()
+
+
+@pytest.mark.slow
+def test_twin_follows_the_chain(tmp_path: Path) -> None:
+    """The lever's own check passes, but the chain expects the window failure next: the twin predicts a failure."""
+    from tests.levers.test_chain_and_hardware import MODEL, flagless_b
+
+    card = tmp_path / "b.yaml"
+    assert run_cli("diagnose", str(flagless_b(tmp_path)), "--out", str(card), "--no-device", "--model",
+                   str(MODEL)).returncode == 0
+    r = run_cli("retest", str(card), "--engine", "twin")
+    assert r.returncode == 4, r.stderr
+    a = cardmod.load_dict(card)["attempts"][-1]
+    assert a["lever"] == "gpu_memory_utilization" and a["outcome"] == "predicted_fail"
+    assert any("the chain predicts kv_capacity after this lever" in n for n in a["notes"])
