@@ -86,8 +86,8 @@ def expected_chain(card: CardDict, lever: Lever, base: list[dict[str, Any]] | No
         return out
     try:
         _walk(model, card, inputs, steps)
-    except BadInput as e:
-        steps.append({"text": f"the memory model cannot say what comes next ({e})"})
+    except (BadInput, ValueError, KeyError, TypeError, ZeroDivisionError) as e:   # a prediction never stops a retest
+        steps.append({"text": f"the memory model cannot say what comes next ({type(e).__name__}: {e})"[:300]})
     out["text"] = chain_text(steps)
     return out
 
