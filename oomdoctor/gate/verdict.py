@@ -93,7 +93,7 @@ def _exact_verdict(exact: list[rcpt.FoundAttempt], targets: list[str], root: Pat
         a = ok[0]
         return Verdict("pass", "receipt", f"passing retest: {a.describe(root)}", _receipt_info(a, root), [])
     wrong_target = [a for a in exact if a.outcome == "pass" and a.mode == "real"]
-    twin = [a for a in exact if a.mode != "real" and a.outcome in ("pass", "predicted_pass")]   # a prediction, never a receipt
+    twin = [a for a in exact if a.outcome == "pass" and a.mode != "real"]
     if wrong_target:
         a = wrong_target[0]
         return Verdict("fail", "wrong_target", f"the retest of this fingerprint passed on "

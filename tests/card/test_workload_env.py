@@ -89,3 +89,13 @@ def test_record_keeps_the_engine_env_redacted(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setenv(k, v)
     wl = workload_from_argv(["vllm", "serve", "/m", "--max-model-len", "4096"], {})
     assert wl["env"] == got
+
+
+def test_v1_runner_the_engine_chose_itself_needs_no_env(tmp_path: Path) -> None:
+    """With 0.33.0's own fallback warning (its format string, vllm-messages.md) the V1 runner is the engine's choice."""
+    lines = (LOGS / "vllm-0.33.0-formatstrings" / "sampler_warmup_oom.log").read_text().splitlines(keepends=True)
+    warn = ("(EngineCore pid=6631) WARNING 12-02 09:14:18 [vllm.py:731] Model Runner V2 does not yet support "
+            "speculative decoding; using the V1 model runner instead.\n")
+    p = tmp_path / "fallback.log"
+    p.write_text("".join(lines[:7] + [warn] + lines[7:]))
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in workload(p)["env"]
