@@ -57,7 +57,7 @@ def _module_fix(module: str, card: Mapping[str, Any]) -> str:
     """What to fix for a missing module: the env variable of the original run that kept the engine from importing it."""
     wl = card.get("workload") or {}
     env = wl.get("env") or {}
-    stem = module.split(".")[0].upper()
+    stem = "_" + module.split(".")[0].upper()        # VLLM_USE_FLASHINFER_SAMPLER names flashinfer; VLLM_* is not 'vllm'
     named = [r for r in wl.get("env_revealed") or [] if stem in str(r.get("name", "")).upper()]
     missing = [r for r in named if env.get(r["name"]) != r["value"]]
     if missing:

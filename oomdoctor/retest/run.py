@@ -218,7 +218,8 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
     say(f"engine mode: {mode}; config fingerprint {fp[:19]}…")
     if dry_run:
         return 0, {"dry_run": True, "lever": lever["id"], "change": lever.get("change", {}), "argv": redact_argv(p.argv),
-                   "description": p.description, "config_fingerprint": fp, "mode": mode}, card
+                   "description": p.description, "config_fingerprint": fp, "mode": mode,
+                   "expected_chain": chain}, card
     if mode == "twin":
         return _twin(card_path, attempt, lever, p)
     return _real(card_path, card, attempt, lever, p, gpu_index, timeout_s, tolerance, say, memory_timeout_s)

@@ -195,3 +195,19 @@ def test_twin_follows_the_chain(tmp_path: Path) -> None:
     a = cardmod.load_dict(card)["attempts"][-1]
     assert a["lever"] == "gpu_memory_utilization" and a["outcome"] == "predicted_fail"
     assert any("the chain predicts kv_capacity after this lever" in n for n in a["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_real_runner_without_the_engine_is_inconclusive(tmp_path: Path) -> None:
+    """The card exactly as diagnosed from the real log (launcher vllm-llm, oomdoctor's own engine runner) on a machine
+    without vLLM: the engine cannot even be imported. That is no verdict on the lever."""
+    card = tmp_path / "a.yaml"
+    assert run_cli("diagnose", str(FX / "A_fail.log"), "--out", str(card), "--no-device").returncode == 0
+    levers = cardmod.load_dict(card)["levers"]
+    r = run_cli("retest", str(card), "--engine", "real", "--no-emulate")
+    assert r.returncode == 3, r.stderr
+    a = assert_untried(card, levers)
+    assert "No module named 'vllm'" in a["inconclusive"]["reason"]
+    assert a["inconclusive"]["fix"] == ("install 'vllm' into the engine's Python, or give the card's workload.env what "
+                                        "the original run had")

@@ -14,7 +14,7 @@
 # Prints per attempt its time and outcome, per incident the number of engine starts.
 # Usage: bash tools/gpu/retest_fixtures.sh OUTDIR [LOG ...]      (default: fixtures/logs/vllm-0.25.1-h200/*_fail.log)
 #        ENV_DEMO=0 skips the env-less card; MAX_LEVERS (default 4) bounds the levers per incident;
-#        TIMEOUT (default 420) is retest's --timeout per attempt.
+#        TIMEOUT (default 420) is retest's --timeout per attempt; RETEST_ARGS are added to every retest.
 set -u
 OUT=$1; shift
 LOGS=("$@")
@@ -55,7 +55,7 @@ EOF
 walk() {           # CARD NAME
   local card=$1 name=$2 rc t1 i
   t1=$SECONDS
-  "$PY" -m oomdoctor retest "$card" --engine real --lever none --timeout "$TIMEOUT" > "$OUT/out/$name.reproduce.txt" 2>&1; rc=$?
+  "$PY" -m oomdoctor retest "$card" --engine real --lever none --timeout "$TIMEOUT" ${RETEST_ARGS:-} > "$OUT/out/$name.reproduce.txt" 2>&1; rc=$?
   echo "  reproduce: rc=$rc $((SECONDS-t1)) s wall; $(last_attempt "$card")"
   grep -E "^(inconclusive|oomdoctor: error)" "$OUT/out/$name.reproduce.txt" | head -2 | sed 's/^/    /'
   [ $rc -eq 3 ] && return 3
@@ -63,8 +63,8 @@ walk() {           # CARD NAME
   [ $rc -eq 2 ] && return 2
   for i in $(seq 1 "$MAX_LEVERS"); do
     t1=$SECONDS
-    if [ "$i" -eq 1 ]; then "$PY" -m oomdoctor retest "$card" --engine real --timeout "$TIMEOUT" > "$OUT/out/$name.try$i.txt" 2>&1; rc=$?
-    else "$PY" -m oomdoctor retest "$card" --engine real --next --timeout "$TIMEOUT" > "$OUT/out/$name.try$i.txt" 2>&1; rc=$?; fi
+    if [ "$i" -eq 1 ]; then "$PY" -m oomdoctor retest "$card" --engine real --timeout "$TIMEOUT" ${RETEST_ARGS:-} > "$OUT/out/$name.try$i.txt" 2>&1; rc=$?
+    else "$PY" -m oomdoctor retest "$card" --engine real --next --timeout "$TIMEOUT" ${RETEST_ARGS:-} > "$OUT/out/$name.try$i.txt" 2>&1; rc=$?; fi
     grep -E "^expected: " "$OUT/out/$name.try$i.txt" | head -1 | cut -c1-300 | sed 's/^/    /'
     echo "  lever try $i: rc=$rc $((SECONDS-t1)) s wall; $(last_attempt "$card")"
     grep -E "^(inconclusive|chain|next lever|oomdoctor: error)" "$OUT/out/$name.try$i.txt" | head -3 | cut -c1-300 | sed 's/^/    /'
