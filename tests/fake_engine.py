@@ -12,7 +12,7 @@ replays N lines of the log it would replay and then dies by SIGKILL, printing no
 kernel killed). --require-env VAR=VALUE: without that variable the engine fails as vLLM 0.25.1 does without
 FlashInfer when VLLM_USE_FLASHINFER_SAMPLER=0 is missing — the log's lines up to the sampler, then
 ``ModuleNotFoundError: No module named 'flashinfer'`` and the front end's cascade. Every pid of the tree is
-appended to --pids.
+appended to --pids. --fail-with LINE: 20 lines of the log, then LINE as the engine core's error, exit 1.
 """
 import argparse
 import json
@@ -32,6 +32,7 @@ ap.add_argument("--hang", action="store_true")
 ap.add_argument("--hang-after", type=int, default=None)
 ap.add_argument("--crash-after", type=int, default=None)
 ap.add_argument("--require-env", default=None)
+ap.add_argument("--fail-with", default=None)
 a, _ = ap.parse_known_args()
 if a.hang and a.hang_after is None:
     a.hang_after = 16
@@ -61,6 +62,12 @@ def import_error(lines: list) -> None:
     sys.exit(1)
 
 
+if a.fail_with:                                  # 20 lines of the log, then the engine core's error line
+    sys.stdout.write("".join(lines[:20]))
+    sys.stdout.write("(EngineCore pid=%d) ERROR 11-29 15:05:42 [core.py:1231] %s\n" % (os.getpid(), a.fail_with))
+    sys.stdout.flush()
+    child.kill()
+    sys.exit(1)
 if a.require_env:
     var, _, val = a.require_env.partition("=")
     if os.environ.get(var) != val:

@@ -32,7 +32,7 @@ class Plan:
     description: list[str] = field(default_factory=list)
 
 
-def _hardware(lv: Lever, card: CardDict, device: dict[str, Any] | None) -> str | None:
+def lever_needs_hardware(lv: Lever, card: CardDict, device: dict[str, Any] | None) -> str | None:
     """Why the device cannot apply ``lv``: marked on the card, or found now (the card's device, else this machine's)."""
     if lv.get("needs_hardware"):
         return lv["needs_hardware"]
@@ -48,7 +48,7 @@ def choose_lever(card: CardDict, lever_id: str | None, next_: bool, device: dict
     if lever_id:
         for lv in levers:
             if lv["id"] == lever_id:
-                why = _hardware(lv, card, device)
+                why = lever_needs_hardware(lv, card, device)
                 if why and mode != "twin":
                     raise BadInput(f"lever '{lever_id}' needs other hardware: {why}; a retest never runs it")
                 return lv
@@ -59,7 +59,7 @@ def choose_lever(card: CardDict, lever_id: str | None, next_: bool, device: dict
     for lv in levers:
         if next_ and (lv["id"], lv["change"]) in tried:
             continue
-        why = _hardware(lv, card, device)
+        why = lever_needs_hardware(lv, card, device)
         if why:
             hardware.append(f"{lv['id']} ({why})")
             continue

@@ -36,7 +36,8 @@ from oomdoctor.retest import inconclusive
 from oomdoctor.retest.decide import (PERF_TOLERANCE, SPEED_COST_TOLERANCE, exit_code, next_lever, next_levers, outcome,
                                      perf_check, signature, twin_outcome)
 from oomdoctor.retest.launch import RESULT_RE, RunResult, device_slug, free_port, gpu_state, launch_argv, run_engine
-from oomdoctor.retest.plan import UNAPPLIABLE, Plan, apply_change, choose_lever, kept_changes, plan, target_free_from_card
+from oomdoctor.retest.plan import (UNAPPLIABLE, Plan, apply_change, choose_lever, kept_changes, lever_needs_hardware, plan,
+                                   target_free_from_card)
 from oomdoctor.retest.procs import wait_memory_back
 from oomdoctor.units import human_bytes
 
@@ -75,8 +76,10 @@ def _twin(card_path: Path, attempt: Attempt, lever: Lever, p: Plan) -> tuple[int
     attempt["signature_gone"] = None
     attempt["served"] = None
     attempt["target_device"] = p.target_device
-    attempt = cardmod.append_attempt(card_path, attempt)
-    return exit_code(attempt["outcome"]), attempt, cardmod.load_dict(card_path)     # 4: a prediction, never a pass
+    cardmod.append_attempt(card_path, attempt)
+    after = cardmod.load_dict(card_path)
+    written = (after.get("attempts") or [attempt])[-1]
+    return exit_code(written["outcome"]), written, after     # 4: a prediction, never a pass
 
 
 def _memory_back(st: dict[str, Any], gpu_index: int, memory_timeout_s: float, progress: Callable[[str], None],
@@ -189,8 +192,10 @@ def _decide(card_path: Path, card: CardDict, attempt: Attempt, lever: Lever, p: 
     elif attempt["outcome"] == "pass" and rr.perf and not baseline:
         updates["workload"] = {**card["workload"], "baseline": {k: v for k, v in rr.perf.items() if isinstance(v, (int, float))}
                                | {"from_attempt": n}}
-    attempt = cardmod.append_attempt(card_path, attempt, updates)
-    return exit_code(attempt["outcome"]), attempt, cardmod.load_dict(card_path)
+    cardmod.append_attempt(card_path, attempt, updates)
+    after = cardmod.load_dict(card_path)
+    written = (after.get("attempts") or [attempt])[-1]      # as written: redacted (a log line may hold a token)
+    return exit_code(written["outcome"]), written, after
 
 
 def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dry_run: bool = False,
@@ -203,7 +208,12 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
     mode = engine
     if mode == "auto":
         mode = "real" if _real_engine_available(card) else "twin"
-    lever = choose_lever(card, lever_id, next_, _device_now(), mode)
+    device_now = _device_now()
+    lever = choose_lever(card, lever_id, next_, device_now, mode)
+    for lv in card.get("levers") or []:
+        why = lever_needs_hardware(lv, card, device_now)
+        if why:
+            say(f"never run here (needs other hardware): {lv['id']} — {why}")
     p = plan(card, lever, emulate, gpu_index, no_emulate)
     attempt, fp = _new_attempt(card, lever, p, mode)
     chain = expected_chain(card, lever, p.base_changes) if lever["id"] != "none" else None

@@ -125,6 +125,7 @@ def test_lever_needing_two_gpus_on_a_one_gpu_card_is_never_run(tmp_path: Path) -
     assert "tensor_parallel_size" in ids
     r = run_cli("retest", str(card), "--engine", "real", "--lever", "tensor_parallel_size")
     assert r.returncode == 2 and "needs other hardware: 2 GPUs (TP 2 x PP 1 x DP 1)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("oomdoctor: error:")
     assert "the recorded device has 1 (NVIDIA H200)" in r.stderr
     assert not (tmp_path / "pids.txt").exists() and not cardmod.load_dict(card).get("attempts")
     # the walk: every lever before it tried, --next steps over it to the next one the device can apply
@@ -136,6 +137,7 @@ def test_lever_needing_two_gpus_on_a_one_gpu_card_is_never_run(tmp_path: Path) -
     r = run_cli("retest", str(card), "--engine", "real", "--next", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load(r.stdout)["lever"] == ids[tp_at + 1]
+    assert "never run here (needs other hardware): tensor_parallel_size — 2 GPUs" in r.stderr
     assert not (tmp_path / "pids.txt").exists()
 
 
@@ -211,3 +213,13 @@ def test_the_real_runner_without_the_engine_is_inconclusive(tmp_path: Path) -> N
     assert "No module named 'vllm'" in a["inconclusive"]["reason"]
     assert a["inconclusive"]["fix"] == ("install 'vllm' into the engine's Python, or give the card's workload.env what "
                                         "the original run had")
+
+
+@pytest.mark.slow
+def test_a_secret_in_the_error_line_never_reaches_the_output(tmp_path: Path) -> None:
+    token = "hf_" + "Q" * 34
+    card = fake_card(tmp_path, "--fail-with", f"OSError: 401 Client Error for /root/model (token {token})")
+    r = run_cli("retest", str(card), "--engine", "real", "--json")
+    assert r.returncode == 3, r.stderr
+    assert "OSError: 401 Client Error" in r.stderr
+    assert token not in r.stdout and token not in r.stderr and token not in card.read_text()
