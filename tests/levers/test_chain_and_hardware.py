@@ -92,3 +92,26 @@ def test_levers_needing_more_gpus_are_marked_and_listed_last(tmp_path: Path) -> 
     on_eight = levermod.propose(diag.klass, diag.numbers, copy.deepcopy(card["workload"]), eight, [],
                                 allowed=diag.levers or None)
     assert not next(lv for lv in on_eight if lv["id"] == "tensor_parallel_size").get("needs_hardware")
+
+
+def test_the_chain_predicts_what_the_real_h200_runs_recorded(tmp_path: Path) -> None:
+    """incidents/h200-C2_fail.yaml holds the real retests on the H200: stopping the co-tenant exposed a kv_capacity
+    failure (the explicit utilization 0.005), and utilization 0.97 then passed. The chain, from the log and the model's
+    config alone, expects exactly that; B's utilization 0.27 was expected to fit and did."""
+    from oomdoctor.card import store
+
+    card, _, _ = diagnose_log(H200 / "C2_fail.log", tmp_path / "c2.yaml", no_device=True, model_dir=MODEL)
+    lv = card["levers"][0]
+    assert lv["id"] == "free_other_processes"
+    chain = expected_chain(card, lv)
+    real = store.load_dict(ROOT / "incidents" / "h200-C2_fail.yaml")["attempts"]
+    assert [a["lever"] for a in real] == ["none", "free_other_processes", "gpu_memory_utilization"]
+    assert check_chain(chain, real[1]["outcome"], real[1]["classification"]["class"])["status"] == "confirmed"
+    assert chain["steps"][2]["change"] == real[2]["change"] == real[1]["next_lever"]["change"]
+    assert chain["steps"][3]["predicted"] == "fits" and real[2]["outcome"] == "pass"
+
+    card, _, _ = diagnose_log(H200 / "B_fail.log", tmp_path / "b.yaml", no_device=True, model_dir=MODEL)
+    real = store.load_dict(ROOT / "incidents" / "h200-B_fail.yaml")["attempts"]
+    assert real[-1]["change"] == util_lever(card)["change"]
+    assert check_chain(expected_chain(card, util_lever(card)), real[-1]["outcome"],
+                       real[-1]["classification"]["class"])["status"] == "confirmed"
