@@ -44,6 +44,8 @@ EXIT_OK = 0
 EXIT_FAIL = 1          # retest: still fails / regressed; gate: a change lacks a receipt; plan: does not fit
 EXIT_BAD_INPUT = 2
 EXIT_NO_MEMORY_FAILURE = 3   # diagnose only
+EXIT_INCONCLUSIVE = 3        # retest only: the run failed for a reason that is not the lever's (outcome inconclusive)
+EXIT_PREDICTION = 4          # retest only: a twin prediction, no engine ran (never a pass)
 
 
 def classification(klass: str) -> dict[str, str]:

@@ -39,6 +39,9 @@ class Workload(TypedDict, total=False):
     co_tenant_bytes: int | None
     baseline: dict[str, Any] | None
     harness_cmd: list[str] | str
+    env_revealed: list[dict[str, Any]]  # env variables the engine's own lines state, each with its line
+    parallel: dict[str, int]            # tensor/pipeline/data parallel sizes resolved, and the GPUs they need
+    port: int                           # the server's port (explicit --port or "Starting vLLM server on ...")
 
 
 class Lever(TypedDict, total=False):
@@ -52,6 +55,7 @@ class Lever(TypedDict, total=False):
     applies_as: str                    # flag, env, process, server
     explicit_override: bool
     arithmetic: list[str]
+    needs_hardware: str                # the device cannot apply it (more GPUs, another GPU): never run, listed last
     _score: float                      # ranking only: removed before the lever leaves the engine
     cause: bool                        # ranking only: this setting is what the failure names
 
@@ -101,6 +105,10 @@ class Attempt(TypedDict, total=False):
     perf: dict[str, Any] | None
     perf_check: dict[str, Any]
     next_lever: NextLever | None
+    phase_reached: str | None          # the last start-up phase the run's log reached
+    inconclusive: dict[str, Any]       # reason, fix, evidence: the run says nothing about the lever
+    expected_chain: dict[str, Any]     # what the memory model expects from this lever to the end of the start
+    chain_check: dict[str, Any]        # expected vs observed follow-up: confirmed / not_confirmed
 
 
 class CardDict(TypedDict, total=False):

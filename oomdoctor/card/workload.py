@@ -114,9 +114,8 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
-    """Build the card's workload section from the log's header and the matched ledger lines."""
-    header = read_header(path)
+def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(explicit arguments, resolved settings, served through the API server) from the matched ledger lines."""
     explicit: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
     serve = False
@@ -132,8 +131,26 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
         for m in matches:
             if k in m.numbers and m.rule.role == "info":
                 resolved.setdefault(v, m.numbers[k])
-    if "model_tag" in explicit:
-        serve = True
+    return explicit, resolved, serve or "model_tag" in explicit
+
+
+def _from_header(wl: Workload, header: dict[str, Any]) -> None:
+    """The capture harness's command and NVML reading before the start."""
+    if header.get("cmd"):
+        wl["harness_cmd"] = redact_argv(shlex.split(header["cmd"]))[:64] if _shlex_ok(header["cmd"]) else header["cmd"]
+    nv = header.get("nvml_before_start")
+    if isinstance(nv, dict) and "free" in nv:
+        wl["free_at_start_bytes"] = int(nv["free"])
+        if "total" in nv:
+            wl["gpu_total_bytes"] = int(nv["total"])
+        wl["free_at_start_source"] = "capture harness header (NVML before the start)"
+
+
+def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
+    """Build the card's workload section from the log's header and the matched ledger lines: the launcher, the model,
+    the explicit arguments, the env (the harness's record and what the engine's own lines name), port, TP/PP."""
+    header = read_header(path)
+    explicit, resolved, serve = _ledger(matches)
     record = header.get("record") or {}
     if record:
         recorded = cast(Workload, dict(record.get("workload") or {}))
@@ -143,9 +160,12 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     model = explicit.get("model") or explicit.get("model_tag") or resolved.get("model")
     settings = {k: v for k, v in explicit.items() if k not in NOT_SETTINGS and k != "model"}
     env: dict[str, Any] = header["env"] if isinstance(header.get("env"), dict) else {}
+    revealed = revealed_env(matches)
+    env = {**{r["name"]: r["value"] for r in revealed}, **env}       # the harness's own record wins
+    server = _server_port(matches)
     launcher = "unknown"
     if engine == "vllm":
-        launcher = "vllm-serve" if serve else "vllm-llm"
+        launcher = "vllm-serve" if serve or server is not None else "vllm-llm"
     wl: Workload = {
         "launcher": launcher,
         "model": model,
@@ -157,15 +177,73 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
         "baseline": None,
         "source": "log",
     }
-    if header.get("cmd"):
-        wl["harness_cmd"] = redact_argv(shlex.split(header["cmd"]))[:64] if _shlex_ok(header["cmd"]) else header["cmd"]
-    nv = header.get("nvml_before_start")
-    if isinstance(nv, dict) and "free" in nv:
-        wl["free_at_start_bytes"] = int(nv["free"])
-        if "total" in nv:
-            wl["gpu_total_bytes"] = int(nv["total"])
-        wl["free_at_start_source"] = "capture harness header (NVML before the start)"
+    if revealed:
+        wl["env_revealed"] = revealed
+    _parallel(wl, resolved, settings)
+    port = explicit.get("port") or server
+    if port:
+        wl["port"] = int(port)
+    _from_header(wl, header)
     return wl
+
+
+#: 0.25.x picks the V2 model runner by itself for these plain decoder architectures (vllm/config/vllm.py
+#: ``_is_default_v2_model_runner_model``); 0.33 for every model unless it says why not
+V2_DEFAULT_ARCHITECTURES_0_25 = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def _version(v: str | None) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", v or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _first(matches: list, group: str) -> Any:
+    return next((m for m in matches if group in m.groups), None)
+
+
+def revealed_env(matches: list) -> list[dict[str, Any]]:
+    """The environment variables the engine's own lines state (``... disabled via VLLM_X=0``), and the model-runner
+    choice that only an environment variable explains: one entry per variable, with the line that shows it."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in matches:
+        if "env_var" in m.groups and "env_value" in m.groups and m.groups["env_var"] not in out:
+            out[m.groups["env_var"]] = {"name": m.groups["env_var"], "value": m.groups["env_value"], "line": m.n,
+                                        "rule": m.rule.id}
+    v1, v2, fallback = (_first(matches, g) for g in ("model_runner_v1", "model_runner", "v2_unsupported"))
+    cfg, arch = _first(matches, "engine_version"), _first(matches, "architecture")
+    version = _version(cfg.groups["engine_version"] if cfg else None)
+    if v1 is not None and v2 is None and fallback is None and "VLLM_USE_V2_MODEL_RUNNER" not in out:
+        default_v2 = version >= (0, 33) or ((0, 25) <= version < (0, 33) and arch is not None
+                                            and arch.groups["architecture"] in V2_DEFAULT_ARCHITECTURES_0_25)
+        if default_v2:
+            out["VLLM_USE_V2_MODEL_RUNNER"] = {
+                "name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0", "line": v1.n, "rule": v1.rule.id,
+                "inferred": "the V1 model runner loaded the model, without the engine's fallback warning, where this "
+                            "version picks V2 by itself: only VLLM_USE_V2_MODEL_RUNNER=0 does that"}
+    return list(out.values())
+
+
+def _server_port(matches: list) -> int | None:
+    m = _first(matches, "server_url")
+    if m is None:
+        return None
+    port = re.search(r":(\d{1,5})(?:/|$)", m.groups["server_url"])
+    return int(port.group(1)) if port else None
+
+
+def _parallel(wl: Workload, resolved: dict[str, Any], settings: dict[str, Any]) -> None:
+    """TP / PP / DP sizes the engine resolved; more than one GPU is a setting the re-run must repeat."""
+    sizes = {k: int(resolved[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+             if isinstance(resolved.get(k), int)}
+    if not sizes:
+        return
+    gpus = 1
+    for k, n in sizes.items():
+        gpus *= max(1, n)
+        if n > 1 and k not in settings:
+            settings[k] = n
+            wl["explicit_args"] = sorted(settings)
+    wl["parallel"] = {**sizes, "gpus": gpus}
 
 
 def _shlex_ok(s: str) -> bool:
@@ -179,10 +257,7 @@ def _shlex_ok(s: str) -> bool:
 def workload_from_argv(argv: list[str], requests: dict) -> Workload:
     """`vllm serve MODEL --flag v ...` or `python -m vllm.entrypoints.cli.main serve ...` → a vllm-serve workload;
     anything else → a generic `command` workload (flags of levers are appended to its argv)."""
-    from oomdoctor.redact import redact_env
-
-    env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
-                                                                  "HF_", "TRANSFORMERS_", "NCCL_"))}
+    env = recorded_env(os.environ)
     serve_at = None
     for i, a in enumerate(argv):
         if a == "serve" and i > 0 and (argv[i - 1].endswith("vllm") or argv[i - 1] == "vllm.entrypoints.cli.main"):
@@ -197,6 +272,23 @@ def workload_from_argv(argv: list[str], requests: dict) -> Workload:
     else:
         wl.update(launcher="command", model=None, argv=list(argv), engine_args={}, base_args={}, explicit_args=[])
     return cast(Workload, wl)
+
+
+#: what `record` keeps of the environment it runs in: every variable an inference engine, torch, CUDA, NCCL,
+#: Triton, FlashInfer or the Hugging Face libraries read, and the Python/loader paths the engine is found by
+RECORDED_ENV_PREFIXES = ("VLLM_", "PYTORCH_", "TORCH_", "TORCHINDUCTOR_", "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_",
+                         "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_", "TRITON_", "FLASHINFER_", "OMP_",
+                         "MKL_", "SGLANG_", "OLLAMA_", "LLAMA_", "TRTLLM_", "TLLM_", "LMDEPLOY_", "TGI_")
+RECORDED_ENV_NAMES = ("PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHASHSEED", "MAX_JOBS")
+#: chosen by the retest itself (--gpu N), never replayed from a card
+NOT_REPLAYED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+def recorded_env(environ: Any) -> dict[str, str]:
+    """The engine-relevant part of ``environ``, secrets masked (values of TOKEN/KEY/... names, token patterns)."""
+    keep = {k: str(v) for k, v in environ.items()
+            if (k.startswith(RECORDED_ENV_PREFIXES) or k in RECORDED_ENV_NAMES) and k not in NOT_REPLAYED_ENV}
+    return redact_env(dict(sorted(keep.items())))
 
 
 def _serve_options(rest: list[str]) -> dict:

@@ -48,7 +48,8 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
             emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool) -> int:
     """Re-run the workload recorded in CARD with exactly one lever applied.
 
-    Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input.
+    Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input;
+    3: inconclusive (the run failed for a reason that is not the lever's); 4: a twin prediction (no engine ran).
     """
     from oomdoctor.retest.run import retest
 
@@ -61,6 +62,13 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
         click.echo("dry run: would run " + " ".join(attempt["argv"]))
     if not dry_run:
         print_summary(after)
+        inc = attempt.get("inconclusive")
+        if inc:
+            click.echo(f"inconclusive: {inc['reason']} — fix: {inc['fix']} (the lever stays untried; the walk stops here)",
+                       err=True)
+        cc = attempt.get("chain_check")
+        if cc:
+            click.echo(f"chain: expected {cc['expected']}, observed {cc['observed']}: {cc['status']}", err=True)
         if attempt.get("outcome") != "pass" and attempt.get("next_lever"):
             nl = attempt["next_lever"]
             click.echo(f"next lever: {nl['id']} {json.dumps(nl['change'])} — {nl.get('cost', '')} "

@@ -8,6 +8,15 @@ from oomdoctor.card.records import Attempt, Workload
 from oomdoctor.levers.record import VLLM_DEFAULT_UTIL
 
 
+#: outcomes of attempts that do not count as a tried lever (and whose change a retest never keeps)
+NOT_TRIED = ("inconclusive", "interrupted", "error")
+
+
+def counts_as_tried(attempt: Any) -> bool:
+    """A lever is 'tried' only by an attempt that ran to a verdict on it."""
+    return attempt.get("outcome") not in NOT_TRIED
+
+
 class Ctx:
     """What a lever generator may read."""
 
@@ -86,8 +95,9 @@ class Ctx:
         return out
 
     def tried(self, lever_id: str, change: dict[str, Any]) -> bool:
+        """Tried = an attempt ran to a verdict on it (an inconclusive or interrupted one does not count)."""
         for a in self.attempts:
-            if a.get("lever") == lever_id and a.get("change") == change:
+            if a.get("lever") == lever_id and a.get("change") == change and counts_as_tried(a):
                 return True
         return False
 

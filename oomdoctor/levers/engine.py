@@ -11,11 +11,11 @@ come from real incidents (../shared/INCIDENTS.md):
   and a lever already tried with the same change is not proposed again.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 from oomdoctor.card.records import Attempt, Lever, Workload
 from oomdoctor.levers.by_class import CAUSE_SETTING, GENERATORS
 from oomdoctor.levers.context import Ctx
+from oomdoctor.levers.hardware import mark
 from oomdoctor.levers.rank import allowed_only, dedupe, rank
 
 __all__ = ["CAUSE_SETTING", "GENERATORS", "Ctx", "propose"]
@@ -29,4 +29,4 @@ def propose(klass: str, numbers: dict, workload: Workload | None = None, device:
         return []
     c = Ctx(klass, numbers, workload or {}, device or {}, attempts or [])
     levers = [lv for lv in dedupe(gen(c)) if not c.tried(lv["id"], lv["change"])]
-    return rank(allowed_only(levers, allowed), CAUSE_SETTING.get(klass))
+    return rank(mark(allowed_only(levers, allowed), c.wl, c.device), CAUSE_SETTING.get(klass))

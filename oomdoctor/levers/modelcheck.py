@@ -76,4 +76,15 @@ def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -
         except BadInput as e:
             lv["predicted"]["model"] = {"error": str(e)}
     card["model_check"] = section
+    _chains(card)
     return section
+
+
+def _chains(card: CardDict) -> None:
+    """Each lever's prediction from the start to the end (``predicted.chain``): what comes next when it alone will not do."""
+    from oomdoctor.levers.chain import expected_chain
+
+    for lv in card.get("levers") or []:
+        if lv["id"] in ("larger_gpu", "admission_queue"):
+            continue
+        lv["predicted"]["chain"] = expected_chain(card, lv)["text"]

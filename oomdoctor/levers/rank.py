@@ -40,7 +40,7 @@ def allowed_only(levers: list[Lever], allowed: list[str] | None) -> list[Lever]:
 
 
 def _sort_key(lv: Lever, cause: str | None) -> tuple[bool, bool, bool, float]:
-    last_resort = lv["id"] == "larger_gpu"
+    last_resort = lv["id"] == "larger_gpu" or bool(lv.get("needs_hardware"))   # never run: listed last
     short = lv["predicted"].get("outcome") == "short"
     # an explicit value ranks later, unless that very setting is what the failure names as the cause
     penalised = bool(lv["explicit_override"] and lv["id"] != cause and not lv.get("cause"))

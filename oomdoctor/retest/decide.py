@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from oomdoctor import contract
 from oomdoctor.card.records import Attempt, CardDict, Lever, NextLever, Workload
 from oomdoctor.levers import engine as levermod
 
 if TYPE_CHECKING:
     from oomdoctor.diagnose.classify import Diagnosis
+    from oomdoctor.retest.inconclusive import Inconclusive
     from oomdoctor.retest.launch import RunResult
 
 PERF_TOLERANCE = 0.10
@@ -49,12 +51,26 @@ def twin_outcome(lever: Lever) -> str:
             else "predicted_fail" if outcome == "short" else "predicted_unknown")
 
 
-def outcome(rr: "RunResult", gone: bool, new: "Diagnosis", pc: Mapping[str, Any]) -> str:
+def outcome(rr: "RunResult", gone: bool, new: "Diagnosis", pc: Mapping[str, Any],
+            inconclusive: "Inconclusive | None" = None) -> str:
+    if inconclusive is not None:
+        return "inconclusive"
     if rr.timed_out:
         return "timeout"
     if gone and rr.served and not new.is_memory_failure:
         return "regressed" if pc.get("status") == "regressed" else "pass"
     return "fail"
+
+
+def exit_code(outcome_: str) -> int:
+    """retest's exit code for an attempt's outcome (docs/contract.md)."""
+    if outcome_ == "pass":
+        return contract.EXIT_OK
+    if outcome_ == "inconclusive":
+        return contract.EXIT_INCONCLUSIVE
+    if outcome_.startswith("predicted_"):
+        return contract.EXIT_PREDICTION
+    return contract.EXIT_FAIL
 
 
 def next_levers(card: CardDict, attempt: Attempt, new: "Diagnosis", gone: bool, wl_now: Workload,

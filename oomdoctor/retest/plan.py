@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomdoctor.card.records import CardDict, Lever, Workload
+from oomdoctor.card.workload import NOT_REPLAYED_ENV
 from oomdoctor.engines.vllm.defaults import CUDA_CONTEXT_BYTES
 from oomdoctor.errors import BadInput
+from oomdoctor.levers.context import counts_as_tried
+from oomdoctor.levers.hardware import hardware_need
 from oomdoctor.redact import MASK
 from oomdoctor.retest.launch import launch_argv
 from oomdoctor.units import NAMED_CARDS, human_bytes, parse_size
@@ -29,20 +32,40 @@ class Plan:
     description: list[str] = field(default_factory=list)
 
 
-def choose_lever(card: CardDict, lever_id: str | None, next_: bool) -> Lever:
+def lever_needs_hardware(lv: Lever, card: CardDict, device: dict[str, Any] | None) -> str | None:
+    """Why the device cannot apply ``lv``: marked on the card, or found now (the card's device, else this machine's)."""
+    if lv.get("needs_hardware"):
+        return lv["needs_hardware"]
+    dev = card.get("device") if (card.get("device") or {}).get("status") == "captured" else device
+    return hardware_need(lv, card.get("workload") or {}, dev)
+
+
+def choose_lever(card: CardDict, lever_id: str | None, next_: bool, device: dict[str, Any] | None = None,
+                 mode: str = "real") -> Lever:
+    """``--lever ID``, else the first lever (``--next``: the first not tried yet) that this device can apply."""
     levers = card.get("levers") or []
-    tried = [(a.get("lever"), a.get("change")) for a in card.get("attempts") or []]
+    tried = [(a.get("lever"), a.get("change")) for a in card.get("attempts") or [] if counts_as_tried(a)]
     if lever_id:
         for lv in levers:
             if lv["id"] == lever_id:
+                why = lever_needs_hardware(lv, card, device)
+                if why and mode != "twin":
+                    raise BadInput(f"lever '{lever_id}' needs other hardware: {why}; a retest never runs it")
                 return lv
         if lever_id == "none":
             return {"id": "none", "change": {}, "rank": 0, "predicted": {}, "cost": "nothing: reproduces the recorded failure"}
         raise BadInput(f"lever '{lever_id}' is not among the card's levers ({', '.join(lv['id'] for lv in levers) or 'none'})")
+    hardware = []
     for lv in levers:
         if next_ and (lv["id"], lv["change"]) in tried:
             continue
+        why = lever_needs_hardware(lv, card, device)
+        if why:
+            hardware.append(f"{lv['id']} ({why})")
+            continue
         return lv
+    if hardware:
+        raise BadInput("no lever left that this device can apply; needs other hardware: " + "; ".join(hardware))
     raise BadInput("no lever left to try on this card" if levers else
                    f"the card has no levers (class {card['classification']['class']}): nothing to retest")
 
@@ -51,7 +74,8 @@ def kept_changes(card: CardDict) -> list[dict[str, Any]]:
     """Changes of earlier real attempts that made their own failure go away: the next attempt builds on them."""
     out = []
     for a in card.get("attempts") or []:
-        if a.get("engine", {}).get("mode") == "real" and a.get("signature_gone") and a.get("lever") not in (None, "none"):
+        if (a.get("engine", {}).get("mode") == "real" and a.get("signature_gone") and counts_as_tried(a)
+                and a.get("lever") not in (None, "none")):
             out.append({"lever": a["lever"], "change": a["change"]})
     return out
 
@@ -129,7 +153,7 @@ def plan(card: CardDict, lever: Lever, emulate: str | None, gpu_index: int, no_e
         desc.append("no change: reproduce the recorded failure")
     if wl.get("emulate_free_bytes"):
         desc.append(f"free memory at start reproduced with a ballast: {human_bytes(wl['emulate_free_bytes'])} ({target_src})")
-    env = {k: str(v) for k, v in (wl.get("env") or {}).items() if v != MASK}
+    env = {k: str(v) for k, v in (wl.get("env") or {}).items() if v != MASK and k not in NOT_REPLAYED_ENV}
     tdev = None
     if emulate and emulate.lower().replace("_", "") in NAMED_CARDS:
         tdev = emulate.lower().replace("_", "")

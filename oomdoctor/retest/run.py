@@ -31,10 +31,13 @@ from oomdoctor.card.records import Attempt, CardDict, Lever, Workload
 from oomdoctor.device import nvml as devmod
 from oomdoctor.errors import BadInput, OomdoctorError
 from oomdoctor.redact import redact_argv
-from oomdoctor.retest.decide import (PERF_TOLERANCE, SPEED_COST_TOLERANCE, next_lever, next_levers, outcome,
+from oomdoctor.levers.chain import check_chain, expected_chain, first_follow_up
+from oomdoctor.retest import inconclusive
+from oomdoctor.retest.decide import (PERF_TOLERANCE, SPEED_COST_TOLERANCE, exit_code, next_lever, next_levers, outcome,
                                      perf_check, signature, twin_outcome)
 from oomdoctor.retest.launch import RESULT_RE, RunResult, device_slug, free_port, gpu_state, launch_argv, run_engine
-from oomdoctor.retest.plan import UNAPPLIABLE, Plan, apply_change, choose_lever, kept_changes, plan, target_free_from_card
+from oomdoctor.retest.plan import (UNAPPLIABLE, Plan, apply_change, choose_lever, kept_changes, lever_needs_hardware, plan,
+                                   target_free_from_card)
 from oomdoctor.retest.procs import wait_memory_back
 from oomdoctor.units import human_bytes
 
@@ -63,12 +66,20 @@ def _new_attempt(card: CardDict, lever: Lever, p: Plan, mode: str) -> tuple[Atte
 
 def _twin(card_path: Path, attempt: Attempt, lever: Lever, p: Plan) -> tuple[int, Attempt, CardDict]:
     attempt["outcome"] = twin_outcome(lever)
+    follow_up = first_follow_up(attempt.get("expected_chain") or {})
+    if follow_up and follow_up != "fits":
+        attempt["outcome"] = "predicted_fail"
+        attempt["notes"].append(f"the chain predicts {follow_up} after this lever: it alone will not make the start pass")
+    elif follow_up == "fits":
+        attempt["outcome"] = "predicted_pass"
     attempt["notes"].append("PREDICTION by the memory model (twin engine), not a run of the real engine")
     attempt["signature_gone"] = None
     attempt["served"] = None
     attempt["target_device"] = p.target_device
-    attempt = cardmod.append_attempt(card_path, attempt)
-    return (0 if attempt["outcome"] == "predicted_pass" else 1), attempt, cardmod.load_dict(card_path)
+    cardmod.append_attempt(card_path, attempt)
+    after = cardmod.load_dict(card_path)
+    written = (after.get("attempts") or [attempt])[-1]
+    return exit_code(written["outcome"]), written, after     # 4: a prediction, never a pass
 
 
 def _memory_back(st: dict[str, Any], gpu_index: int, memory_timeout_s: float, progress: Callable[[str], None],
@@ -146,25 +157,45 @@ def _real(card_path: Path, card: CardDict, attempt: Attempt, lever: Lever, p: Pl
     attempt["classification"] = {**new.classification(), "basis": new.phase_basis}
     attempt["evidence"] = new.evidence[:6]
     attempt["served"] = rr.served
+    attempt["phase_reached"] = new.phase_reached
+    return _decide(card_path, card, attempt, lever, p, rr, new, (st, gpu_index, n_prev + 1), timeout_s, tolerance)
+
+
+def _decide(card_path: Path, card: CardDict, attempt: Attempt, lever: Lever, p: Plan, rr: RunResult, new: Any,
+            where: tuple[dict[str, Any], int, int], timeout_s: float, tolerance: float) -> tuple[int, Attempt, CardDict]:
+    """The verdict on the lever (or why there is none), the next lever, the chain check; the attempt appended."""
+    st, gpu_index, n = where
     gone = (new.klass, new.rule) != signature(card)
     attempt["signature_gone"] = gone
     baseline = (card.get("workload") or {}).get("baseline")
     pc = perf_check(rr.perf, baseline, lever["id"], tolerance)
     attempt["perf"] = rr.perf
     attempt["perf_check"] = pc
-    attempt["outcome"] = outcome(rr, gone, new, pc)
+    inc = inconclusive.check(rr, new, card, timeout_s)
+    attempt["outcome"] = outcome(rr, gone, new, pc, inc)
+    cc = check_chain(attempt.get("expected_chain"), attempt["outcome"], new.klass)
+    if cc:
+        attempt["chain_check"] = cc
     updates: dict[str, Any] = {}
-    if attempt["outcome"] != "pass" and lever["id"] != "none":
-        nxt = next_levers(card, attempt, new, gone, _workload_now(p, rr, st, gpu_index, n_prev + 1), st)
+    if inc is not None:
+        attempt["inconclusive"] = inc.record()
+        attempt["next_lever"] = None
+        attempt["notes"].append(f"INCONCLUSIVE: {inc.reason}; not a verdict on {lever['id']}, which stays untried. "
+                                f"Fix: {inc.fix}")
+    elif attempt["outcome"] != "pass" and lever["id"] != "none":
+        nxt = next_levers(card, attempt, new, gone, _workload_now(p, rr, st, gpu_index, n), st)
         attempt["next_lever"] = next_lever(nxt)
         if new.is_memory_failure and gone:
-            attempt["notes"].append(f"the original failure is gone; a new one appeared: {new.klass} ({new.rule})")
+            attempt["notes"].append(f"the original failure is gone; a new one appeared: {new.klass} ({new.rule})"
+                                    + (" — the follow-up the chain predicted" if cc and cc["status"] == "confirmed" else ""))
         updates["levers"] = nxt or card.get("levers", [])
     elif attempt["outcome"] == "pass" and rr.perf and not baseline:
         updates["workload"] = {**card["workload"], "baseline": {k: v for k, v in rr.perf.items() if isinstance(v, (int, float))}
-                               | {"from_attempt": n_prev + 1}}
-    attempt = cardmod.append_attempt(card_path, attempt, updates)
-    return (0 if attempt["outcome"] == "pass" else 1), attempt, cardmod.load_dict(card_path)
+                               | {"from_attempt": n}}
+    cardmod.append_attempt(card_path, attempt, updates)
+    after = cardmod.load_dict(card_path)
+    written = (after.get("attempts") or [attempt])[-1]      # as written: redacted (a log line may hold a token)
+    return exit_code(written["outcome"]), written, after
 
 
 def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dry_run: bool = False,
@@ -174,20 +205,31 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
     """Returns (exit code, attempt — or the dry run's plan —, card dict after the attempt)."""
     say: Callable[[str], None] = progress or (lambda s: print(s, file=sys.stderr, flush=True))
     card: CardDict = cardmod.load_dict(card_path)
-    lever = choose_lever(card, lever_id, next_)
-    p = plan(card, lever, emulate, gpu_index, no_emulate)
     mode = engine
     if mode == "auto":
         mode = "real" if _real_engine_available(card) else "twin"
+    device_now = _device_now()
+    lever = choose_lever(card, lever_id, next_, device_now, mode)
+    for lv in card.get("levers") or []:
+        why = lever_needs_hardware(lv, card, device_now)
+        if why:
+            say(f"never run here (needs other hardware): {lv['id']} — {why}")
+    p = plan(card, lever, emulate, gpu_index, no_emulate)
     attempt, fp = _new_attempt(card, lever, p, mode)
+    chain = expected_chain(card, lever, p.base_changes) if lever["id"] != "none" else None
+    if chain:
+        attempt["expected_chain"] = chain
     for d in p.description:
         say(d)
     say(f"lever #{lever.get('rank', '-')}: {lever['id']} {json.dumps(lever.get('change', {}))} — predicted: "
         f"{lever.get('predicted', {}).get('outcome', '?')}; cost: {lever.get('cost', '')}")
+    if chain:
+        say(f"expected: {chain['text']}")
     say(f"engine mode: {mode}; config fingerprint {fp[:19]}…")
     if dry_run:
         return 0, {"dry_run": True, "lever": lever["id"], "change": lever.get("change", {}), "argv": redact_argv(p.argv),
-                   "description": p.description, "config_fingerprint": fp, "mode": mode}, card
+                   "description": p.description, "config_fingerprint": fp, "mode": mode,
+                   "expected_chain": chain}, card
     if mode == "twin":
         return _twin(card_path, attempt, lever, p)
     return _real(card_path, card, attempt, lever, p, gpu_index, timeout_s, tolerance, say, memory_timeout_s)
@@ -200,6 +242,11 @@ def _sha(p: Path) -> str | None:
         return file_sha256(p)
     except OomdoctorError:
         return None
+
+
+def _device_now() -> dict[str, Any]:
+    """This machine's GPUs (no processes): what a lever needing more GPUs is checked against when the card has none."""
+    return devmod.capture(with_processes=False)
 
 
 def _real_engine_available(card: CardDict) -> bool:

@@ -207,7 +207,7 @@ while [ $n -lt "$MAX_RETESTS" ]; do
   R=$!; PGIDS+=("$R"); wait "$R"; rc=$?; forget "$R"
   grep -aE "lever #|ONE change|outcome|engine reached phase|ballast|new one appeared|Attempts|│" "$OUT/b$n.log" | tail -n 14
   echo "retest $n rc: $rc"
-  [ $rc -eq 0 ] && break
+  [ $rc -ne 1 ] && break          # 0 pass, 2 bad input / no lever left, 3 inconclusive: the walk stops
 done
 "$PY" - "$CARD" <<'PY'
 import sys
