@@ -23,7 +23,7 @@ MAX_LEVERS=${MAX_LEVERS:-4}
 TIMEOUT=${TIMEOUT:-420}
 MODEL=${MODEL:-/root/model}
 mkdir -p "$OUT/cards" "$OUT/out"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 unset VLLM_USE_FLASHINFER_SAMPLER            # the card's env, and only it, says what the engine gets
 PY=${PY:-python3}
 
