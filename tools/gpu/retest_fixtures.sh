@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs ON THE GPU MACHINE (vLLM 0.25.1 installed by ../shared/gpu-kit into /root/site, model in /root/model).
+# Runs ON THE GPU MACHINE (vLLM 0.25.1 installed into /root/site as fixtures/logs/vllm-0.25.1-h200/ORIGIN.md says, model in /root/model).
 # For each incident card given: reproduce the recorded failure (lever 'none'), then apply the card's first
 # lever, then up to two next levers while it still fails. Every run is oomdoctor's own `retest`.
 # Usage: bash tools/gpu/retest_fixtures.sh OUTDIR CARD [CARD ...]
