@@ -41,8 +41,10 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
                  engine_version: str | None = None, metrics: str | None = None, snapshot: Path | None = None,
                  plot_path: Path | None = None, model_dir: Path | None = None, gpu_memory: str | None = None,
                  no_device: bool = False, rules_path: Path | None = None,
-                 scanner: str = "auto") -> tuple[CardDict, Path | None, Any]:
-    """Classify LOG, build its card and (unless ``no_card``) write it; (the card as written, its path, the diagnosis)."""
+                 scanner: str = "auto", shown: str | None = None) -> tuple[CardDict, Path | None, Any]:
+    """Classify LOG, build its card and (unless ``no_card``) write it; (the card as written, its path, the diagnosis).
+
+    ``shown``: the name the card records for the log when LOG is a copy (stdin spooled to a file)."""
     from oomdoctor.card import store as cardmod
     from oomdoctor.card.build import build_card
     from oomdoctor.device import nvml as devmod
@@ -57,7 +59,9 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
     if dev.get("status") == "captured":
         notes.append("device state is NVML's reading now, on this machine — not necessarily the machine or moment of the log")
     card: CardDict = build_card(log, diag, dev, notes)
-    _extras(card, diag, log, snapshot, model_dir, gpu_memory, plot_path)
+    if shown is not None:
+        card["source"]["path"] = shown
+    _extras(card, diag, Path(shown) if shown is not None else log, snapshot, model_dir, gpu_memory, plot_path)
     if no_card:
         return card, None, diag
     path = card_path(card, out)
