@@ -25,10 +25,14 @@ def command(proven: Path, failing: Path, engine: str | None, proven_version: str
     Exit 0: compared (with warnings if the engine versions differ); 2: bad input.
     """
     from oomdoctor.analysis.compare import compare, plot, print_tables
+    from oomdoctor.errors import MissingExtra
 
     res = compare(proven, failing, engine=engine, proven_version=proven_version, failing_version=failing_version)
     if plot_path is not None:
-        res["plot"] = str(plot(res, plot_path))
+        try:
+            res["plot"] = str(plot(res, plot_path))
+        except MissingExtra as e:       # the comparison is the result; the plot is an extra
+            click.echo(f"oomdoctor: warning: {e}; the comparison is complete without the plot", err=True)
     if as_json:
         sys.stdout.write(json.dumps(res, indent=2, default=str) + "\n")
     else:
