@@ -151,3 +151,10 @@ def test_the_cli_prints_the_first_screen_and_verbose_the_rest(cli, tmp_path) -> 
     assert len("Next: oomdoctor retest " + card) > WIDTH           # a long path goes whole on its own line
     assert f"Next: oomdoctor retest \\\n  {card}\n" in short.out
     assert "Levers (try #1 first; one at a time):" in full.out and "Levers (try" not in short.out
+
+
+def test_the_readme_shows_the_real_first_screen() -> None:
+    readme = (LOGS.parents[1] / "README.md").read_text()
+    shown = readme.split("What the first command prints", 1)[1].split("```\n", 2)[1]
+    card = _card(LOGS / "vllm-0.25.1-h200" / "A_fail.log")
+    assert shown.splitlines() == first_screen(card, "/tmp/oomdoctor-card.yaml", WIDTH)
