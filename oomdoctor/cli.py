@@ -93,7 +93,7 @@ def _reader_left() -> None:
 def _pipe_broke(before: tuple[int, int] | None) -> bool:
     """Did a library turn a closed stdout into exit 1? click wraps stdout in PacifyFlushWrapper on EPIPE; rich
     points stdout at /dev/null."""
-    if type(sys.stdout).__name__ == "PacifyFlushWrapper":     # click.utils.PacifyFlushWrapper
+    if type(sys.stdout).__name__.lstrip("_") == "PacifyFlushWrapper":     # click.utils.(_)PacifyFlushWrapper
         return True
     devnull = os.stat(os.devnull)
     null = (devnull.st_dev, devnull.st_ino)

@@ -78,32 +78,16 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def launcher_text(card: dict, lever: dict) -> list[str]:
-    """The lines to paste: ``vllm serve MODEL ... --max-model-len 1998848``, ``LLM(..., max_model_len=1998848)``,
-    or ``export NAME=value``; for a change that is not a setting, the change itself."""
-    from oomdoctor.levers.flags import OFFLINE_LAUNCHERS, flag_for
-
-    wl = card.get("workload") or {}
-    engine = (card.get("engine") or {}).get("name") or ""
-    launcher = wl.get("launcher")
-    words = [(k, flag_for(engine, k, v, launcher)) for k, v in (lever.get("change") or {}).items()]
-    if not words or any(w is None for _, w in words):
-        return [", ".join(f"{k} = {_fmt_change(k, v)}" for k, v in (lever.get("change") or {}).items()) or lever["id"]]
-    flags = [str(w) for _, w in words]
-    env = [f for f in flags if re.match(r"^[A-Z_][A-Z0-9_]*=", f)]
-    args = [f for f in flags if f not in env]
-    out = [f"export {e}" for e in env]
-    if args and launcher in OFFLINE_LAUNCHERS:
-        out.append(f"LLM(..., {', '.join(args)})")
-    elif args and engine == "vllm":
-        out.append(f"vllm serve {wl.get('model') or 'MODEL'} ... {' '.join(args)}")
-    elif args:
-        out.append(" ".join(args))
-    return out
-
-
 def _fmt_change(k: str, v: Any) -> str:
     return str(v) if "pid" in k else _fmt_value(v)       # a process id is a name, not a quantity
+
+
+def launcher_text(card: dict, lever: dict) -> list[str]:
+    """The lines to paste (``levers.paste``): the flag, keyword argument or variable in the engine's own words."""
+    from oomdoctor.levers.paste import paste_text
+
+    wl = card.get("workload") or {}
+    return paste_text((card.get("engine") or {}).get("name") or "", wl.get("launcher"), wl.get("model"), lever)
 
 
 def paste_lines(texts: list[str], width: int, indent: str) -> list[str]:
