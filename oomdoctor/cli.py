@@ -116,8 +116,15 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("oomdoctor: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:        # usage is bad input too: one line, and where the help is
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:     # `oomdoctor`, `oomdoctor rules`
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        where = e.ctx.command_path if e.ctx is not None else "oomdoctor"
+        click.echo(f"oomdoctor: error: {where}: {e.format_message().rstrip('.')} (see {where} --help)", err=True)
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"oomdoctor: error: {e.format_message()}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("oomdoctor: interrupted", err=True)

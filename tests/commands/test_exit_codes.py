@@ -87,12 +87,13 @@ def test_plan_covers_several_failure_classes(cli) -> None:
                                   ["snapshot", str(ROOT / "README.md")], ["rules", "list", "--rules", "/nonexistent"],
                                   ["record"], ["ladder", "/nonexistent.yaml"], ["retest", "/nonexistent.yaml"],
                                   ["admit", "--budget", "x", "--kv-bytes-per-token", "1", "--request", "1:1"],
-                                  ["diagnose"], ["nosuchverb"]])
+                                  ["diagnose"], ["nosuchverb"], ["diagnose", "x.log", "--nosuchflag"],
+                                  ["gate", "--format", "xml"], ["retest", "x.yaml", "--engine", "none"]])
 def test_bad_input_is_one_line_and_2(cli, argv) -> None:
     r = cli(*argv)
     assert r.rc == 2, (argv, r.err)
     assert "Traceback" not in r.err and r.out == ""
-    assert r.err_lines[-1].startswith(("oomdoctor: error:", "Error:")), r.err
+    assert len(r.err_lines) == 1 and r.err.startswith("oomdoctor: error:"), r.err
 
 
 def test_admit_snapshot_compare_rules(cli) -> None:
@@ -130,3 +131,14 @@ def test_a_reader_that_leaves_early_is_not_a_failure(argv) -> None:
     err = p.stderr.read().decode()
     assert p.wait() == 0, err
     assert err == ""
+
+
+@pytest.mark.parametrize("argv", [[], ["rules"]])
+def test_a_bare_group_prints_its_help(cli, argv) -> None:
+    r = cli(*argv)
+    assert r.rc == 0 and r.err == "" and r.out.startswith("Usage: oomdoctor")
+
+
+def test_a_usage_error_names_the_command_and_its_help(cli) -> None:
+    r = cli("diagnose")
+    assert r.err_lines == ["oomdoctor: error: oomdoctor diagnose: Missing argument 'LOG' (see oomdoctor diagnose --help)"]
