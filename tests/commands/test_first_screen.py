@@ -158,3 +158,17 @@ def test_the_readme_shows_the_real_first_screen() -> None:
     shown = readme.split("What the first command prints", 1)[1].split("```\n", 2)[1]
     card = _card(LOGS / "vllm-0.25.1-h200" / "A_fail.log")
     assert shown.splitlines() == first_screen(card, "/tmp/oomdoctor-card.yaml", WIDTH)
+
+
+@pytest.mark.parametrize("args", [["--gpu-memory", "24GiB", "--free", "10GiB"], ["--gpu-memory", "8GiB"],
+                                  ["--gpu-memory", "h200", "--max-model-len", "8192"]])
+def test_plan_table_fits_80_columns_without_cutting_a_number(cli, monkeypatch, args) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    model = LOGS.parent / "models" / "llama-3-8b"
+    r = cli("plan", "--model", model, *args)
+    res = cli("plan", "--model", model, *args, "--json").json()
+    lines = r.out.splitlines()
+    assert all(len(ln) <= WIDTH for ln in lines), r.out
+    figures = {f"{res[k]:,}" for k in ("kv_tokens", "kv_bytes_per_token", "max_model_len_that_fits") if res[k] >= 1000}
+    figures |= {human_bytes(res["weights_bytes"]), human_bytes(res["available_kv_bytes"])}
+    assert split_numbers(lines, figures) == [] and all(any(f in ln for ln in lines) for f in figures), r.out
