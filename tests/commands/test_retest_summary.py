@@ -26,3 +26,17 @@ def test_attempts_summary_keeps_every_value_whole(card, capsys, monkeypatch):
         for v in a.get("change", {}).values():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 assert any(f": {v}" in ln for ln in lines), (v, err)
+
+
+def test_a_twin_dry_run_does_not_print_an_engine_command(cli, tmp_path):
+    """It said "engine mode: twin" and then "dry run: would run .../python -m oomdoctor.retest.engine_runner ..."."""
+    card = tmp_path / "a.yaml"
+    card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
+    before = card.read_bytes()
+    r = cli("retest", card, "--engine", "twin", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "engine_runner" not in r.out and "dry run: would run" not in r.out
+    assert r.out.strip() == "dry run: the twin engine (the memory model) would predict this change; no engine would run"
+    assert card.read_bytes() == before
+    real = cli("retest", card, "--engine", "real", "--dry-run")
+    assert real.rc == 0 and real.out.startswith("dry run: would run ") and "engine_runner" in real.out
