@@ -109,3 +109,20 @@ def test_the_shell_ways(tmp_path, how):
     d = json.loads(r.stdout)
     assert d["classification"]["class"] == "kv_capacity"
     assert d["levers"][0]["change"] == {"max_model_len": 1998848}
+
+
+def test_compare_reads_one_side_from_stdin(cli, monkeypatch):
+    from_files = cli("compare", FIX / "D_pass.log", FIX / "D_fail.log", "--json")
+    _stdin(monkeypatch, (FIX / "D_fail.log").read_bytes())
+    from_stdin = cli("compare", FIX / "D_pass.log", "-", "--json")
+    assert from_stdin.rc == from_files.rc == 0, from_stdin.err
+    a, b = from_files.json(), from_stdin.json()
+    assert b["failing"]["path"] == "<stdin>" and "oomdoctor-stdin-" not in from_stdin.out
+    b["failing"]["path"] = a["failing"]["path"]
+    assert a == b
+
+
+def test_compare_refuses_stdin_twice(cli, monkeypatch):
+    _stdin(monkeypatch, b"")
+    r = cli("compare", "-", "/dev/stdin")
+    assert r.rc == 2 and r.err_lines == ["oomdoctor: error: only one of PROVEN and FAILING can be read from stdin (-)"]
