@@ -40,9 +40,11 @@ def paste_text(engine: str, launcher: str | None, model: str | None, lever: dict
     """The lines to paste for ``lever`` (its recorded ``flag`` when the lever engine wrote one); for a change that is
     not a setting of the engine (``free_other_processes``, ``larger_gpu``) the change itself, ``key = value``."""
     change = lever.get("change") or {}
+    if not change:                                  # larger_gpu: nothing to paste
+        return []
     words = [flag_for(engine, k, v, launcher) for k, v in change.items()]
-    if not change or any(w is None for w in words):
-        return [", ".join(f"{k} = {_value(k, v)}" for k, v in change.items()) or str(lever.get("id", ""))]
+    if any(w is None for w in words):
+        return [", ".join(f"{k} = {_value(k, v)}" for k, v in change.items())]
     flags = [str(w) for w in words]
     env = [f for f in flags if _ENV_RE.match(f)]
     args = [f for f in flags if f not in env]

@@ -19,6 +19,7 @@ def test_a_change_that_is_not_an_engine_setting_is_shown_as_it_is():
     assert paste_text("vllm", "vllm-llm", "m", lv) == ["stop_pids = 2115"]
     assert paste_text("nosuchengine", None, None, {"id": "max_model_len", "change": {"max_model_len": 8}}) == \
         ["max_model_len = 8"]
+    assert paste_text("vllm", "vllm-serve", "m", {"id": "larger_gpu", "change": {}}) == []
 
 
 def test_the_commands_table_is_data():
