@@ -118,13 +118,19 @@ def _change_title(card: dict, lever: dict) -> str:
 
 
 def _header(card: dict, width: int) -> list[str]:
+    """What failed and in which phase (how the phase was decided, when the diagnosis says), and the summary."""
     c = card["classification"]
     eng = card.get("engine") or {}
-    head = f"{c['class']} · phase {c['phase']} · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}".rstrip()
-    if c.get("confidence"):
-        head += f" · confidence {c['confidence']}"
-    return wrap(head, width, indent="  ", first="", max_lines=CAPS["header"]) + \
-        wrap(card.get("summary") or "", width, max_lines=CAPS["summary"])
+    how = ", ".join(x for x in (c.get("phase_basis"), f"confidence {c['confidence']}" if c.get("confidence") else "")
+                    if x)
+    head = (f"{c['class']} · phase {c['phase']}" + (f" ({how})" if how else "")
+            + f" · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}").rstrip()
+    lines = wrap(head, width, indent="  ", first="", max_lines=CAPS["header"])
+    lines += wrap(card.get("summary") or "", width, max_lines=CAPS["summary"])
+    if c.get("root_cause_in"):       # cascade only: which process's output holds the cause
+        lines += wrap(f"The root cause is not in this log. Fetch {c['root_cause_in']}", width, indent="  ", first="",
+                      max_lines=2)
+    return lines
 
 
 def _evidence(card: dict, width: int) -> list[str]:
@@ -159,19 +165,15 @@ def _change(card: dict, lever: dict, width: int) -> list[str]:
 
 def first_screen(card: dict, card_path: str | None, width: int = WIDTH) -> list[str]:
     """The lines of the first screen (at most HEIGHT, none wider than ``width`` unless a pasteable line is)."""
-    lines = _header(card, width) + _evidence(card, width)
     levers = card.get("levers") or []
+    sections = {"header": _header(card, width), "evidence": _evidence(card, width)}
     if levers:
-        lines += _why(levers[0], width) + _change(card, levers[0], width)
+        sections["why"] = _why(levers[0], width)
+        sections["change"] = _change(card, levers[0], width)
     else:
         notes = [n for n in card.get("notes", []) if n and n != card.get("summary")]
-        room = HEIGHT - len(lines) - 2
-        for n in notes:
-            lines += wrap(n, width, indent="  ", first="note: ", max_lines=max(min(CAPS["notes"], room - 0), 1))
-            room = HEIGHT - len(lines) - 2
-            if room <= 0:
-                break
-    return _fit(lines, _footer(card, card_path, width))
+        sections["notes"] = [ln for n in notes for ln in wrap(n, width, indent="  ", first="note: ", max_lines=3)]
+    return _fit(sections, _footer(card, card_path, width))
 
 
 def _footer(card: dict, card_path: str | None, width: int) -> list[str]:
@@ -188,6 +190,14 @@ def _footer(card: dict, card_path: str | None, width: int) -> list[str]:
     return out + [f"More ({more}numbers, ledger, device): --verbose"]
 
 
-def _fit(body: list[str], footer: list[str]) -> list[str]:
+def _fit(sections: dict[str, list[str]], footer: list[str]) -> list[str]:
+    """Within HEIGHT: the notes, the arithmetic, then the evidence give up lines (the last kept one then says where
+    the rest is); what failed and the change to make keep theirs."""
     room = HEIGHT - len(footer)
-    return (body if len(body) <= room else body[:room]) + footer
+    for name, minimum in (("notes", 0), ("why", 2), ("evidence", 2), ("header", 1)):
+        over = sum(len(s) for s in sections.values()) - room
+        lines = sections.get(name) or []
+        keep = max(len(lines) - over, minimum)
+        if over > 0 and keep < len(lines):
+            sections[name] = lines[:keep - 1] + ["  … (the rest: --verbose)"] if keep else []
+    return [ln for s in sections.values() for ln in s][:room] + footer

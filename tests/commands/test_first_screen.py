@@ -172,3 +172,16 @@ def test_plan_table_fits_80_columns_without_cutting_a_number(cli, monkeypatch, a
     figures = {f"{res[k]:,}" for k in ("kv_tokens", "kv_bytes_per_token", "max_model_len_that_fits") if res[k] >= 1000}
     figures |= {human_bytes(res["weights_bytes"]), human_bytes(res["available_kv_bytes"])}
     assert split_numbers(lines, figures) == [] and all(any(f in ln for ln in lines) for f in figures), r.out
+
+
+def test_phase_basis_confidence_and_where_the_root_cause_is() -> None:
+    card = _card(LOGS / "vllm-0.25.1-h200" / "A_fail.log")
+    card["classification"].update(phase_basis="message", confidence="high",
+                                  root_cause_in="the EngineCore process's output (its stderr)")
+    card["levers"][0]["arithmetic"] = card["levers"][0]["arithmetic"] * 4            # more than fits
+    lines = first_screen(card, "incidents/a.yaml", WIDTH)
+    assert lines[0] == "kv_capacity · phase kv_reservation (message, confidence high) · vllm 0.25.1"
+    assert any(ln.startswith("The root cause is not in this log. Fetch the EngineCore") for ln in lines)
+    assert len(lines) <= HEIGHT and "  … (the rest: --verbose)" in lines
+    i = lines.index("Change ONE thing: max_model_len 4,000,000 → 1,998,848")
+    assert lines[i + 1] == "  LLM(..., max_model_len=1998848)"                  # the change is never cut
