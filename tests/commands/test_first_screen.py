@@ -178,10 +178,26 @@ def test_phase_basis_confidence_and_where_the_root_cause_is() -> None:
     card = _card(LOGS / "vllm-0.25.1-h200" / "A_fail.log")
     card["classification"].update(phase_basis="message", confidence="high",
                                   root_cause_in="the EngineCore process's output (its stderr)")
-    card["levers"][0]["arithmetic"] = card["levers"][0]["arithmetic"] * 4            # more than fits
     lines = first_screen(card, "incidents/a.yaml", WIDTH)
     assert lines[0] == "kv_capacity · phase kv_reservation (message, confidence high) · vllm 0.25.1"
     assert any(ln.startswith("The root cause is not in this log. Fetch the EngineCore") for ln in lines)
-    assert len(lines) <= HEIGHT and "  … (the rest: --verbose)" in lines
+
+
+def test_the_worst_case_gives_up_arithmetic_and_evidence_never_the_change() -> None:
+    card = _card(LOGS / "vllm-0.25.1-h200" / "A_fail.log")
+    card["classification"].update(phase_basis="milestones", confidence="medium",
+                                  root_cause_in="the output of every worker process, rank 0 first " * 3)
+    card["summary"] = card["summary"] * 4
+    card["workload"]["launcher"] = "vllm-serve"
+    card["workload"]["model"] = "/models/" + "a-very-long-model-directory-name/" * 2
+    card["levers"][0]["arithmetic"] *= 4
+    card["levers"][0]["cost"] *= 3
+    lines = first_screen(card, "/var/lib/oomdoctor/incidents/" + "x" * 60 + ".yaml", WIDTH)
+    assert len(lines) == HEIGHT, "\n".join(lines)
+    why = lines.index("Why:")
+    assert lines[why + 1:why + 4] == ["  · KV per token = 244.14 GiB / 4,000,000 = 65,536 B",
+                                      "  · tokens that fit = 124.52 GiB x (1 - 0.02) / 65,536 B = 1,999,338 (capped at",
+                                      "  … (the rest: --verbose)"]         # _fit took one more line of arithmetic
     i = lines.index("Change ONE thing: max_model_len 4,000,000 → 1,998,848")
-    assert lines[i + 1] == "  LLM(..., max_model_len=1998848)"                  # the change is never cut
+    assert lines[i + 1].endswith(" ... \\") and lines[i + 2] == "    --max-model-len 1998848"
+    assert lines[-3:-1] == ["Next: oomdoctor retest \\", "  /var/lib/oomdoctor/incidents/" + "x" * 60 + ".yaml"]
