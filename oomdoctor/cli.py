@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import io
 import os
 import sys
 
@@ -49,6 +50,16 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from oomdoctor import contract
+
+        with formatter.section("Exit codes (docs/contract.md)"):
+            formatter.write_dl([(n, "; ".join(f"{c} {m}" for c, m in contract.EXIT_CODES[n].items()))
+                                for n in sorted(contract.EXIT_CODES)]
+                               + [("every command", "; ".join(f"{c} {m.split(':')[0]}"
+                                                              for c, m in contract.COMMON_EXIT_CODES.items())
+                                   + "; 0 when stdout's reader leaves early (| head)")])
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="oomdoctor")
@@ -60,25 +71,66 @@ def cli() -> None:
     """
 
 
+def _stdout_id() -> tuple[int, int] | None:
+    try:
+        st = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _reader_left() -> None:
+    """stdout's reader went away (`oomdoctor ... | head`): that is not a failure. Point stdout at /dev/null so that
+    the interpreter's last flush does not print a BrokenPipeError, and exit 0."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+    sys.exit(0)
+
+
+def _pipe_broke(before: tuple[int, int] | None) -> bool:
+    """Did a library turn a closed stdout into exit 1? click wraps stdout in PacifyFlushWrapper on EPIPE; rich
+    points stdout at /dev/null."""
+    if type(sys.stdout).__name__.lstrip("_") == "PacifyFlushWrapper":     # click.utils.(_)PacifyFlushWrapper
+        return True
+    devnull = os.stat(os.devnull)
+    null = (devnull.st_dev, devnull.st_ino)
+    return before is not None and before != null and _stdout_id() == null
+
+
 def main(argv: list[str] | None = None) -> None:
     from oomdoctor.errors import OomdoctorError
 
+    before = _stdout_id()
     try:
         rc = cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
+    except SystemExit as e:
+        if e.code == 1 and _pipe_broke(before):
+            _reader_left()
+        raise
     except OomdoctorError as e:
         click.echo(f"oomdoctor: error: {e}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("oomdoctor: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:        # usage is bad input too: one line, and where the help is
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:     # `oomdoctor`, `oomdoctor rules`
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        where = e.ctx.command_path if e.ctx is not None else "oomdoctor"
+        click.echo(f"oomdoctor: error: {where}: {e.format_message().rstrip('.')} (see {where} --help)", err=True)
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"oomdoctor: error: {e.format_message()}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("oomdoctor: interrupted", err=True)
         sys.exit(130)
     except BrokenPipeError:
-        sys.exit(0)
+        _reader_left()
     except Exception as e:  # noqa: BLE001 - one line, never a traceback, unless asked for
         if os.environ.get("OOMDOCTOR_DEBUG"):
             raise

@@ -51,3 +51,38 @@ EXIT_PREDICTION = 4          # retest only: a twin prediction, no engine ran (ne
 def classification(klass: str) -> dict[str, str]:
     c = CLASSES[klass]
     return {"class": klass, "phase": c["phase"], "type": c["type"]}
+
+
+# Every command's exit codes: the table of docs/contract.md ("Exit codes, every command"), printed by
+# `oomdoctor --help`. Codes every command shares (2 bad input, 70, 130, a closed stdout) are in COMMON_EXIT_CODES.
+EXIT_INTERNAL = 70           # a bug: one line on stderr (OOMDOCTOR_DEBUG=1 shows the traceback)
+EXIT_INTERRUPTED = 130       # Ctrl-C / SIGINT (a ladder resumes when run again)
+
+EXIT_CODES: dict[str, dict[int, str]] = {
+    "diagnose": {0: "a memory failure was classified", 3: "no memory failure found (not_memory, cascade_only, "
+                 "unknown, or a clean log)", 2: "bad input or usage"},
+    "retest": {0: "the failure is gone and the performance recheck passed", 1: "it still fails or performance "
+               "regressed", 2: "bad input or usage", 3: "inconclusive: the run failed for a reason that is not the "
+               "lever's (environment, a crash before the original phase, a timeout); the lever stays untried",
+               4: "a twin prediction: no engine ran (outcomes predicted_pass, predicted_fail, predicted_unknown)"},
+    "record": {0: "the launch failed with a memory failure, classified (as diagnose)", 3: "the launch showed no "
+               "memory failure (it started; with --serving-config the receipt is written)", 2: "bad input or usage"},
+    "gate": {0: "every changed serving config has a passing real retest (or nothing changed)", 1: "at least one "
+             "changed config has none", 2: "bad input or usage (project file, config, base ref, not a git repository)"},
+    "plan": {0: "the start is predicted to fit", 1: "it is predicted not to fit (any failure class)",
+             2: "bad input or usage"},
+    "ladder": {0: "the threshold was measured (and a declared requirement is not under it)", 1: "not measured "
+               "(no start at the high end, a start at the low end, stopped early) or under-declared",
+               2: "bad input or usage"},
+    "compare": {0: "the two logs were compared", 2: "bad input or usage"},
+    "admit": {0: "admit", 1: "queue or reject (the output's decision says which)", 2: "bad input or usage"},
+    "snapshot": {0: "the snapshot was read and reported", 2: "bad input (not a pickle, a pickle that imports "
+                 "anything, not a memory snapshot)"},
+    "rules": {0: "listed, or every rule's test cases pass", 1: "rules test: at least one case fails",
+              2: "bad input or usage (a malformed rule file)"},
+}
+COMMON_EXIT_CODES: dict[int, str] = {
+    2: "bad input or usage: one line on stderr starting `oomdoctor: error:`, never a traceback",
+    EXIT_INTERNAL: "internal error (a bug): one line on stderr; OOMDOCTOR_DEBUG=1 shows the traceback",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}

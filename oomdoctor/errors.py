@@ -17,3 +17,8 @@ class RuleError(BadInput):
 
 class CardError(BadInput):
     """An incident card is malformed or from an incompatible schema; the message names the field."""
+
+
+class MissingExtra(BadInput):
+    """An optional extra (matplotlib for --plot, ...) is not installed. Commands whose main result does not need
+    it print that result and this one line; alone (no main result) it is bad usage, exit 2."""

@@ -1,6 +1,6 @@
 """KV-aware admission: admit, queue or reject a request against a KV *byte* budget.
 
-Why bytes, not request counts (INCIDENTS.md, incident 2): a queue that counted requests let a
+Why bytes, not request counts (docs/incidents.md, incident 2): a queue that counted requests let a
 67,881-token request meet a VRAM check it could never pass while the queue was empty, and the
 client got ``503, Retry-After: 5`` for requests that take 70-150 s. The fix is a second gate:
 

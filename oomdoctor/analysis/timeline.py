@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from oomdoctor.errors import BadInput
+from oomdoctor.errors import BadInput, MissingExtra
 from oomdoctor.diagnose.signals import KV_PRESSURE_PERCENT
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -193,7 +193,7 @@ def plot(summary: dict | None, path: str | Path) -> Path:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise BadInput("--plot needs matplotlib: pip install 'oomdoctor[plot]'")
+        raise MissingExtra("--plot needs matplotlib: pip install 'oomdoctor[plot]'")
     out = Path(path)
     secs = _seconds(tl)
     xs = secs if secs is not None else [s["line"] for s in tl]

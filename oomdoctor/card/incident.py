@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from oomdoctor.card.records import CardDict
 
@@ -10,8 +10,9 @@ NO_DEVICE = {"status": "not_captured", "reason": "--no-device", "source": "nvml"
 
 
 def _extras(card: CardDict, diag: Any, log: Path, snapshot: Path | None, model_dir: Path | None,
-            gpu_memory: str | None, plot_path: Path | None) -> None:
-    """The optional sections: a memory snapshot, the memory model's check, the timeline plot."""
+            gpu_memory: str | None, plot_path: Path | None, warn: Callable[[str], None] | None = None) -> None:
+    """The optional sections: a memory snapshot, the memory model's check, the timeline plot (without matplotlib:
+    ``warn`` is told and the diagnosis goes on, when given)."""
     if snapshot is not None:
         from oomdoctor.analysis.snapshot import analyze_snapshot
         card["snapshot"] = analyze_snapshot(snapshot)
@@ -20,12 +21,17 @@ def _extras(card: CardDict, diag: Any, log: Path, snapshot: Path | None, model_d
 
         check(card, str(model_dir), gpu_memory)
     if plot_path is not None:
-        from oomdoctor.errors import BadInput
+        from oomdoctor.errors import BadInput, MissingExtra
         from oomdoctor.analysis.timeline import plot
 
         if not (diag.runtime or {}).get("timeline"):
             raise BadInput(f"--plot: {log} has no scheduler stats lines to draw")
-        plot(diag.runtime, plot_path)
+        try:
+            plot(diag.runtime, plot_path)
+        except MissingExtra as e:
+            if warn is None:
+                raise
+            warn(f"{e}; the diagnosis is complete without the plot")
 
 
 def card_path(card: CardDict, out: Path | None) -> Path:
@@ -41,8 +47,11 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
                  engine_version: str | None = None, metrics: str | None = None, snapshot: Path | None = None,
                  plot_path: Path | None = None, model_dir: Path | None = None, gpu_memory: str | None = None,
                  no_device: bool = False, rules_path: Path | None = None,
-                 scanner: str = "auto") -> tuple[CardDict, Path | None, Any]:
-    """Classify LOG, build its card and (unless ``no_card``) write it; (the card as written, its path, the diagnosis)."""
+                 scanner: str = "auto", shown: str | None = None,
+                 warn: Callable[[str], None] | None = None) -> tuple[CardDict, Path | None, Any]:
+    """Classify LOG, build its card and (unless ``no_card``) write it; (the card as written, its path, the diagnosis).
+
+    ``shown``: the name the card records for the log when LOG is a copy (stdin spooled to a file)."""
     from oomdoctor.card import store as cardmod
     from oomdoctor.card.build import build_card
     from oomdoctor.device import nvml as devmod
@@ -57,7 +66,9 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
     if dev.get("status") == "captured":
         notes.append("device state is NVML's reading now, on this machine — not necessarily the machine or moment of the log")
     card: CardDict = build_card(log, diag, dev, notes)
-    _extras(card, diag, log, snapshot, model_dir, gpu_memory, plot_path)
+    if shown is not None:
+        card["source"]["path"] = shown
+    _extras(card, diag, Path(shown) if shown is not None else log, snapshot, model_dir, gpu_memory, plot_path, warn)
     if no_card:
         return card, None, diag
     path = card_path(card, out)

@@ -28,23 +28,28 @@ from oomdoctor import contract
 @click.option("--gpu-memory", default=None, help="With --model: the GPU's total memory when the log does not state it.")
 @click.option("--no-device", is_flag=True, help="Do not query NVML (device state is recorded as not captured).")
 @click.option("--rules", "rules_path", type=click.Path(path_type=Path), default=None, help="Rules folder.")
+@click.option("-v", "--verbose", is_flag=True, help="After the first screen: all evidence, numbers, levers, device, notes.")
 @click.option("--scanner", type=click.Choice(["auto", "grep", "python"]), default="auto", show_default=True,
               help="How lines are pre-filtered: grep (fast) or pure Python.")
 def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: str | None, engine_version: str | None,
             metrics: str | None, snapshot: Path | None, plot_path: Path | None, model_dir: Path | None,
-            gpu_memory: str | None, no_device: bool, rules_path: Path | None, scanner: str) -> int:
-    """Classify the memory failure in LOG (plain or .gz) and write an incident card.
+            gpu_memory: str | None, no_device: bool, rules_path: Path | None, verbose: bool, scanner: str) -> int:
+    """Classify the memory failure in LOG (plain or .gz; `-` or /dev/stdin: read stdin) and write an incident card.
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
     """
     from oomdoctor.card.incident import diagnose_log
+    from oomdoctor.diagnose.read import log_source
     from oomdoctor.diagnose.report import contract_json, print_json, render
 
-    card, path, diag = diagnose_log(log, out=out, no_card=no_card, engine=engine, engine_version=engine_version,
-                                    metrics=metrics, snapshot=snapshot, plot_path=plot_path, model_dir=model_dir,
-                                    gpu_memory=gpu_memory, no_device=no_device, rules_path=rules_path, scanner=scanner)
+    with log_source(log) as (readable, shown):
+        card, path, diag = diagnose_log(readable, out=out, no_card=no_card, engine=engine, engine_version=engine_version,
+                                        metrics=metrics, snapshot=snapshot, plot_path=plot_path, model_dir=model_dir,
+                                        gpu_memory=gpu_memory, no_device=no_device, rules_path=rules_path,
+                                        scanner=scanner, shown=None if readable == log else shown,
+                                        warn=lambda m: click.echo(f"oomdoctor: warning: {m}", err=True))
     if as_json:
         print_json(contract_json(dict(card), str(path) if path else None))
     else:
-        render(dict(card), str(path) if path else None)
+        render(dict(card), str(path) if path else None, verbose=verbose)
     return contract.EXIT_OK if diag.is_memory_failure else contract.EXIT_NO_MEMORY_FAILURE

@@ -37,19 +37,21 @@ def _human(result: dict) -> str:
         ch = ", ".join(f"{k}={v}" for k, v in lev["change"].items())
         rows.append((f"lever {i + 1}", f"{ch} -> {'fits' if lev['predicted']['fits'] else lev['predicted']['failure']}; "
                                        f"{lev['predicted']['kv_tokens']:,} KV tokens; cost: {lev['cost']}"))
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    import io
-    table = Table(show_header=False, box=None)
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    """``key  value`` rows at the terminal's width, values wrapped at spaces only (a number is never cut)."""
+    import shutil
+
+    from oomdoctor.diagnose.screen import wrap
+
+    width = min(max(shutil.get_terminal_size((80, 24)).columns, 60), 120)
+    key_w = max(len(k) for k, _ in rows)
+    lines: list[str] = []
     for k, v in rows:
-        table.add_row(k, v)
-    buf = io.StringIO()
-    Console(file=buf, width=120).print(table)
-    return buf.getvalue().rstrip("\n")
+        lines += wrap(v, width, indent=" " * (key_w + 2), first=f"{k:<{key_w}}  ")
+    return "\n".join(lines)
 
 
 @click.command("plan", help="Memory arithmetic before any failure: will this model start on this card, and with what.")

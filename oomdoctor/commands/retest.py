@@ -11,22 +11,23 @@ from oomdoctor.card.records import CardDict
 
 
 def print_summary(card: CardDict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    """One block per attempt on stderr, wrapped at spaces only: a value (a lever's new value, a time) is never cut."""
+    import shutil
 
+    from oomdoctor.diagnose.screen import wrap
     from oomdoctor.retest.run import summary_rows
 
     rows = summary_rows(card)
     if not rows:
         return
-    t = Table(title=f"Attempts on {card['id']} (original: {card['classification']['class']})", title_justify="left")
-    for col in ("#", "lever", "change", "engine", "outcome", "new class", "took", "tok/s", "target"):
-        t.add_column(col)
+    width = min(max(shutil.get_terminal_size((80, 24)).columns, 60), 120)
+    lines = wrap(f"Attempts on {card['id']} (original: {card['classification']['class']}):", width, indent="  ", first="")
     for r in rows:
-        t.add_row(str(r["n"]), r["lever"], Text(json.dumps(r["change"])), r["mode"] or "", r["outcome"], r["class"] or "",
-                  f"{r['duration_s']:.0f}s" if r["duration_s"] else "", str(r["tok_s"] or ""), Text(str(r["target"] or "")))
-    Console(file=sys.stderr).print(t)
+        parts = [f"#{r['n']} {r['lever']} {json.dumps(r['change'])}", r["mode"] or "", r["outcome"] or "",
+                 f"now {r['class']}" if r["class"] else "", f"{r['duration_s']:.0f} s" if r["duration_s"] else "",
+                 f"{r['tok_s']} tok/s" if r["tok_s"] else "", f"on {r['target']}" if r["target"] else ""]
+        lines += wrap(" · ".join(p for p in parts if p), width, indent="      ", first="  ")
+    click.echo("\n".join(lines), err=True)
 
 
 @click.command("retest")
@@ -58,6 +59,8 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
                                 timeout_s=timeout_s, tolerance=tolerance)
     if as_json:
         sys.stdout.write(json.dumps(attempt, indent=2, default=str) + "\n")
+    elif dry_run and attempt.get("mode") == "twin":
+        click.echo("dry run: the twin engine (the memory model) would predict this change; no engine would run")
     elif dry_run:
         click.echo("dry run: would run " + " ".join(attempt["argv"]))
     if not dry_run:

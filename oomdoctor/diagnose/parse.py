@@ -16,7 +16,7 @@ _intern = sys.intern
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ANSI_BYTES_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
-# vllm-messages.md §2.2, extended with the DEBUG-mode relative file paths.
+# docs/vllm-messages.md §2.2, extended with the DEBUG-mode relative file paths.
 VLLM_RE = re.compile(
     r"^(?P<vprefix>[^(\x1b]*?)"
     r"(?:\((?P<proc>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)\) )?"

@@ -10,10 +10,13 @@ import gzip
 import hashlib
 import io
 import os
+import sys
+import tempfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from oomdoctor.errors import BadInput
 
@@ -170,3 +173,47 @@ def file_sha256(path: str | os.PathLike) -> str:
                 break
             h.update(buf)
     return h.hexdigest()
+
+
+# --- the stdin entry point -------------------------------------------------------------------------------
+
+#: the names a user gives for "the log comes on stdin" (`journalctl -u vllm | oomdoctor diagnose -`)
+STDIN_NAMES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
+STDIN_SHOWN = "<stdin>"
+
+
+def is_stdin(path: str | os.PathLike) -> bool:
+    return str(path) in STDIN_NAMES
+
+
+def _spool(src: BinaryIO, dst: BinaryIO) -> None:
+    while True:
+        buf = src.read(CHUNK)
+        if not buf:
+            break
+        dst.write(buf)
+
+
+@contextmanager
+def log_source(path: str | os.PathLike, stdin: BinaryIO | None = None) -> Iterator[tuple[Path, str]]:
+    """(the path to read, the name to show) for a log argument.
+
+    A file is itself. stdin (``-``, ``/dev/stdin``; a pipe, a redirect, gzip or plain) is streamed CHUNK by
+    CHUNK into a private temporary file first: the stages read a log more than once (scan, workload, the grep
+    prefilter in its own process, whose stdin is not ours), and a pipe can be read only once. The same bytes
+    therefore give the same result as from a file. Errors name ``<stdin>``, never the temporary file.
+    """
+    if not is_stdin(path):
+        yield Path(path), str(path)
+        return
+    src = stdin if stdin is not None else sys.stdin.buffer
+    if src.isatty():
+        raise BadInput(f"{path}: stdin is a terminal; pipe a log in (journalctl -u vllm | oomdoctor diagnose -)")
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-stdin-") as d:
+        tmp = Path(d) / "stdin.log"
+        with open(tmp, "wb") as out:
+            _spool(src, out)
+        try:
+            yield tmp, STDIN_SHOWN
+        except BadInput as e:
+            raise BadInput(str(e).replace(str(tmp), STDIN_SHOWN)) from None

@@ -36,6 +36,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
 
 
 def _fmt_num(k: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if k.endswith("_bytes") and isinstance(v, (int, float)):
         return f"{human_bytes(v)} ({int(v):,} B)"
     if isinstance(v, int):
@@ -86,43 +88,58 @@ def _runtime_snapshot_device(con: Any, card: dict) -> None:
         con.print(Text(f"device state: {dev.get('status')} — {dev.get('reason', '')}", style="dim"))
 
 
-def _levers(con: Any, card: dict) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    if not card["levers"]:
-        return
-    t = Table(title="Levers (try #1 first; one at a time)", show_header=True, header_style="bold", title_justify="left")
-    for col in ("#", "lever", "change", "predicted", "cost"):
-        t.add_column(col, overflow="fold")
-    for lv in card["levers"][:6]:
-        pred = lv["predicted"].get("outcome", "")
-        extra = ", ".join(f"{k}={_fmt_num(k, v)}" for k, v in lv["predicted"].items() if k != "outcome")
-        change = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
-        t.add_row(str(lv["rank"]), Text(lv["id"] + (" (overrides your value)" if lv.get("explicit_override") else "")),
-                  Text(change), Text(f"{pred} {extra}".strip()), Text(lv["cost"]))
-    con.print(t)
-    first = card["levers"][0]
-    if first.get("arithmetic"):
-        con.print("[bold]Arithmetic for lever #1[/]")
-        for a in first["arithmetic"]:
-            con.print(Text(f"  · {a}"))
+def _predicted(pred: dict) -> str:
+    """``fits; kv_needed_bytes 122.00 GiB (130,996,167,176 B); model: fits, kv_tokens 2,041,760`` — nested records
+    (the memory model's prediction under --model) are written out, never as a Python dict."""
+    parts = [str(pred.get("outcome", ""))] if pred.get("outcome") else []
+    for k, v in pred.items():
+        if k == "outcome":
+            continue
+        if isinstance(v, dict):
+            parts.append(f"{k}: " + ", ".join(f"{kk} {_fmt_num(kk, vv)}" for kk, vv in v.items()))
+        else:
+            parts.append(f"{k} {_fmt_num(k, v)}")
+    return "; ".join(parts)
 
 
-def render(card: dict, card_path: str | None, file: Any = None) -> None:
+def lever_lines(card: dict, width: int) -> list[str]:
+    """Every lever, one block each: rank, id, the change as pasted, prediction, cost, arithmetic (--verbose)."""
+    from oomdoctor.diagnose.screen import launcher_text, paste_lines, wrap
+
+    lines: list[str] = []
+    if card["levers"]:
+        lines.append("Levers (try #1 first; one at a time):")
+    for lv in card["levers"]:
+        head = f"#{lv['rank']} {lv['id']}" + (" (overrides your value)" if lv.get("explicit_override") else "")
+        lines += wrap(head, width, indent="    ")
+        lines += paste_lines(launcher_text(card, lv), width, "    ")
+        lines += wrap("predicted: " + _predicted(lv.get("predicted") or {}), width, indent="      ", first="    ")
+        lines += wrap("cost: " + str(lv.get("cost", "")), width, indent="      ", first="    ")
+        for a in lv.get("arithmetic") or []:
+            lines += wrap(a, width, indent="        ", first="    · ")
+    return lines
+
+
+def render(card: dict, card_path: str | None, file: Any = None, verbose: bool = False, width: int | None = None) -> None:
+    """The first screen (what failed, where, why, the ONE change); with ``verbose`` everything after it."""
+    import shutil
+
     from rich.console import Console
-    from rich.panel import Panel
     from rich.text import Text
 
-    con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
-    c = card["classification"]
-    eng = card["engine"]
-    title = f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/] · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}"
-    body = Text(card.get("summary", ""))
-    con.print(Panel(body, title=title, title_align="left", border_style="red" if c["class"] not in ("unknown", "not_memory") else "yellow"))
+    from oomdoctor.diagnose.screen import WIDTH, first_screen
+
+    out = file or sys.stdout
+    width = width or min(max(shutil.get_terminal_size((WIDTH, 24)).columns, 60), 120)
+    out.write("\n".join(first_screen(card, card_path, width)) + "\n")
+    if not verbose:
+        return
+    con = Console(file=out, highlight=False, soft_wrap=False, width=width)
+    con.print(Text("─" * width))
     _evidence(con, card)
     _runtime_snapshot_device(con, card)
-    _levers(con, card)
+    for ln in lever_lines(card, width):
+        con.print(Text(ln), overflow="ignore", crop=False)
     mc = card.get("model_check")
     if mc:
         rc = mc["recorded_config"]

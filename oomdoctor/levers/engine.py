@@ -2,7 +2,7 @@
 
 Inputs are the diagnosis (class + numbers from the log), the workload (which settings the user set
 explicitly, which were left at defaults), the device state and the attempts made so far. Rules that
-come from real incidents (../shared/INCIDENTS.md):
+come from real incidents (docs/incidents.md):
 - never propose a gpu_memory_utilization above what is free (vLLM checks free >= ceil(total x util));
 - lowering utilization is dead when kv_cache_memory_bytes pins the arena (it only moves the start-up check);
 - an explicit user value is never silently overridden: a lever on a default ranks first, and a lever

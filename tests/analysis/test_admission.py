@@ -1,4 +1,4 @@
-"""KV-aware admission: the arithmetic of incident 2 (INCIDENTS.md), FIFO fairness, the permanent reject.
+"""KV-aware admission: the arithmetic of incident 2 (docs/incidents.md), FIFO fairness, the permanent reject.
 
 Incident 2 (a Rust engine, TP=2, Qwen 27B) gives its figures in "MB"; checked below, they are MiB
 (2^20 bytes): (67,881 + 8,192) x 32,768 B = 2,492,760,064 B = 2,377.28 MiB, printed "2,377 MB".

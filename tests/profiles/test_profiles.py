@@ -1,4 +1,4 @@
-"""Serving-profile selection on the edges incident 1 hit (../shared/INCIDENTS.md), with its real figures.
+"""Serving-profile selection on the edges incident 1 hit (docs/incidents.md), with its real figures.
 
 Figures from the incident: ladder thresholds long_393k fails at 25,371,803,648 / starts at 25,571,033,088 free
 (declared 24,053,735,802), long_262k fails at 23,461,298,176 / starts at 23,970,906,112 (declared 22,378,037,226);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The oomdoctor vLLM plugin on the real engine: vLLM 0.25.1 at $SITE, the gpu-kit model at $MODEL (random Llama,
-# max_position_embeddings 4,000,000, KV 65,536 B/token; ../shared/gpu-kit/README.md), one H200.
+# max_position_embeddings 4,000,000, KV 65,536 B/token; fixtures/logs/vllm-0.25.1-h200/ORIGIN.md), one H200.
 #
 # Runs ON THE GPU MACHINE from the repository root. oomdoctor is NOT pip-installed there, so the plugin is activated
 # exactly as `pip install oomdoctor` would: a dist-info folder declaring the entry point

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Runs ON THE GPU MACHINE (vLLM 0.25.1 installed by ../shared/gpu-kit into /root/site, model in /root/model).
+# Runs ON THE GPU MACHINE (vLLM 0.25.1 installed into /root/site as fixtures/logs/vllm-0.25.1-h200/ORIGIN.md says, model in /root/model).
 #
 # For each real failing log: diagnose it into a FRESH card (no hand edits: the workload, its env and the levers
 # are what oomdoctor read from the log alone; --model /root/model lets each lever carry its expected chain), then

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from oomdoctor.analysis.compare.fmt import fmt_value
 from oomdoctor.analysis.compare.tables import GiB
-from oomdoctor.errors import BadInput
+from oomdoctor.errors import BadInput, MissingExtra
 
 
 def print_tables(res: dict, file=None) -> None:
@@ -58,7 +58,7 @@ def plot(res: dict, path: str | Path) -> Path:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise BadInput("--plot needs matplotlib: pip install 'oomdoctor[plot]'")
+        raise MissingExtra("--plot needs matplotlib: pip install 'oomdoctor[plot]'")
     rows = {r["name"]: r for r in res["ledger"]}
     pins = {s["name"]: s for s in res["settings"]}["kv_cache_memory_bytes"]
     parts = [("weights", "weights_bytes", "#4c72b0"), ("activations", "activation_peak_bytes", "#dd8452"),

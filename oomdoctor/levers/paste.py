@@ -1,0 +1,57 @@
+"""A lever's change as the user pastes it into their launcher: ``vllm serve MODEL ... --max-model-len 1998848``,
+``LLM(..., max_model_len=1998848)``, ``export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+
+The flags are :mod:`oomdoctor.levers.flags`'s (the engine's ``levers.yaml`` ``settings``); the command around them is
+the same file's ``commands`` table (``serve: "vllm serve {model} ... {flags}"``, ``offline: "LLM(..., {args})"``).
+An engine without a ``commands`` table gets its flags alone.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from oomdoctor.levers.flags import OFFLINE_LAUNCHERS, flag_for
+from oomdoctor.paths import ENGINES_DIR
+
+_ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+@lru_cache(maxsize=16)
+def commands(engine: str) -> dict[str, str]:
+    """The ``commands`` table of ``engines/<engine>/levers.yaml`` ({} when there is none)."""
+    path = ENGINES_DIR / engine / "levers.yaml"
+    if not engine or "/" in engine or not path.is_file():
+        return {}
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    table = doc.get("commands") if isinstance(doc, dict) else None
+    return {str(k): str(v) for k, v in (table or {}).items()} if isinstance(table, dict) else {}
+
+
+def _value(k: str, v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v)
+    return str(v)
+
+
+def paste_text(engine: str, launcher: str | None, model: str | None, lever: dict[str, Any]) -> list[str]:
+    """The lines to paste for ``lever`` (its recorded ``flag`` when the lever engine wrote one); for a change that is
+    not a setting of the engine (``free_other_processes``, ``larger_gpu``) the change itself, ``key = value``."""
+    change = lever.get("change") or {}
+    if not change:                                  # larger_gpu: nothing to paste
+        return []
+    words = [flag_for(engine, k, v, launcher) for k, v in change.items()]
+    if any(w is None for w in words):
+        return [", ".join(f"{k} = {_value(k, v)}" for k, v in change.items())]
+    flags = [str(w) for w in words]
+    env = [f for f in flags if _ENV_RE.match(f)]
+    args = [f for f in flags if f not in env]
+    out = [f"export {e}" for e in env]
+    if args:
+        style = "offline" if (launcher or "") in OFFLINE_LAUNCHERS else "serve"
+        template = commands(engine).get(style)
+        joined = ", ".join(args) if style == "offline" else " ".join(args)
+        out.append(template.format(model=model or "MODEL", flags=joined) if template else joined)
+    return out

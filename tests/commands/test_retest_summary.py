@@ -1,0 +1,42 @@
+"""The attempts summary `retest` prints: at 80 columns no value is cut or wrapped (the old table printed
+"199884…" for max_model_len 1998848)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.card import store as cardmod
+from oomdoctor.commands.retest import print_summary
+
+INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
+
+
+@pytest.mark.parametrize("card", sorted(INCIDENTS.glob("h200-*.yaml")), ids=lambda p: p.name)
+def test_attempts_summary_keeps_every_value_whole(card, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    c = cardmod.load_dict(card)
+    print_summary(c)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"Attempts on {c['id']}")
+    assert all(len(ln) <= 80 for ln in lines), err
+    assert "…" not in err
+    for a in c["attempts"]:
+        for v in a.get("change", {}).values():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                assert any(f": {v}" in ln for ln in lines), (v, err)
+
+
+def test_a_twin_dry_run_does_not_print_an_engine_command(cli, tmp_path):
+    """It said "engine mode: twin" and then "dry run: would run .../python -m oomdoctor.retest.engine_runner ..."."""
+    card = tmp_path / "a.yaml"
+    card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
+    before = card.read_bytes()
+    r = cli("retest", card, "--engine", "twin", "--dry-run")
+    assert r.rc == 0, r.err
+    assert "engine_runner" not in r.out and "dry run: would run" not in r.out
+    assert r.out.strip() == "dry run: the twin engine (the memory model) would predict this change; no engine would run"
+    assert card.read_bytes() == before
+    real = cli("retest", card, "--engine", "real", "--dry-run")
+    assert real.rc == 0 and real.out.startswith("dry run: would run ") and "engine_runner" in real.out
