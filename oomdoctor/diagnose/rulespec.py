@@ -113,6 +113,8 @@ class Rule:
     numbers: list[NumberSpec] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)
+    likely_phase: str | None = None      # the phase to report when the paste shows none (confidence low)
+    root_in: str = ""                    # cascade: where the root cause was printed and how to get it
 
     def applies_to(self, version: str | None) -> bool:
         return version is None or version_in(version, self.versions)
@@ -150,6 +152,8 @@ class EngineSpec:
     path: str
     # Prometheus counters of preemptions this engine exports (--metrics), the canonical name first
     preemption_counters: list[str] = field(default_factory=list)
+    # process kind → how to get its output when a paste holds only a wrapper (cascade_only)
+    fetch: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
