@@ -26,6 +26,7 @@ from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, frame_names, phase
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan
 
+RANK = {"low": 0, "medium": 1, "high": 2}
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
 __all__ = ["Diagnosis", "FRAME_WINDOW", "diagnose_file", "diagnose_lines", "class_of", "select_root"]
 
@@ -152,7 +153,9 @@ class Verdict:
 
 def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None]:
     """The previous and next error lines of ``root``'s process (they bound its traceback)."""
-    same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id]
+    # a frame line is part of a traceback, not an error that bounds one (the cut-traceback rule matches frames)
+    same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id
+            and not c.line.msg.lstrip().startswith("File ")]
     prev = max([n for n in same if n < root.n] or [0])
     nxt = min([n for n in same if n > root.n] or [0]) or None
     return prev, nxt
@@ -165,6 +168,8 @@ def classify_root(root: Match | None, roots: list[Match], cascades: list[Match],
         prev_err, next_err = _error_lines(root, roots, cascades)
         call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving)
         k, call = class_of(root, call)
+        if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
+            call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)
         if k is None:
             k = "unknown"
             notes.append(f"rule {root.rule.id} matched at line {root.n} but the phase ({call.phase or 'unknown'}) "
@@ -193,8 +198,9 @@ def cascade_verdict(v: Verdict, cascades: list[Match], notes: list[str]) -> None
     paste); say whose output to fetch and how."""
     c = cascades[0]
     proc = c.groups.get("failed_proc") or c.line.proc or ""
-    where = (c.rule.root_in or "the output of the process that failed, above this wrapper").replace(
-        "{process}", proc or "the failed process")
+    where = (c.rule.root_in or "the output of the process that failed, above this wrapper {process}").replace(
+        "{process}", f"({proc})" if proc else "")
+    where = " ".join(where.split())
     v.klass, v.phase, v.rule = "cascade_only", "none", c.rule.id
     v.fetch = where
     v.message = f"The root cause is not in this paste: only the wrapper '{c.line.msg.strip()[:160]}' (line {c.n}). Fetch {where}."
@@ -231,7 +237,9 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     milestones = [m for m in keep if m.rule.role == "milestone"]
     frames = [m for m in keep if m.rule.role == "frame"]
     cascades = [m for m in keep if m.rule.role == "cascade"]
-    roots = [m for m in keep if m.rule.role == "root"]
+    # a generic fallback ("any FooError: line") on a line a runtime signal explains (a rejected request) is not a root
+    explained = {r.n for r in runtime.rejections}
+    roots = [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and m.n in explained)]
     root = select_root(roots, cascades)
     v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle_lines(ruleset, eng, ver))
 

@@ -19,7 +19,9 @@ ANSI_BYTES_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 # vllm-messages.md §2.2, extended with the DEBUG-mode relative file paths.
 VLLM_RE = re.compile(
     r"^(?P<vprefix>[^(\x1b]*?)"
-    r"(?:\((?P<proc>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)\) )?"
+    # Ray adds ", ip=A" and nests its worker prefix after the engine core's; a paste may keep "[0;0m" colour debris
+    r"(?:\((?:[A-Za-z][\w\- =]*? pid=\d+)\) (?=\())?"
+    r"(?:\((?P<proc>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)(?:, ip=[\w.:]+)?\)(?:\[[\d;]*m)? )?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
     r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?"
     r"(?P<msg>.*)$",

@@ -13,7 +13,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
     c = card["classification"]
     out = {
         "classification": {"class": c["class"], "phase": c["phase"], "type": c["type"], "rule": c.get("rule"),
-                           "engine": c.get("engine")},
+                           "engine": c.get("engine"),
+                           **{k: c[k] for k in ("phase_basis", "confidence", "settled_by", "root_cause_in") if k in c}},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
         "levers": [{k: lv[k] for k in ("id", "change", "predicted", "cost", "rank", "basis", "explicit_override", "arithmetic")
@@ -117,8 +118,12 @@ def render(card: dict, card_path: str | None, file: Any = None) -> None:
     con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
     c = card["classification"]
     eng = card["engine"]
-    title = f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/] · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}"
+    how = f" ({c['phase_basis']}, confidence {c['confidence']})" if c.get("phase_basis") else ""
+    title = (f"[bold]{c['class']}[/] · phase [bold]{c['phase']}[/]{how} · {eng.get('name') or 'unknown engine'} "
+             f"{eng.get('version') or ''}")
     body = Text(card.get("summary", ""))
+    if c.get("root_cause_in"):
+        body.append(f"\nThe root cause is not in this paste. Fetch {c['root_cause_in']}")
     con.print(Panel(body, title=title, title_align="left", border_style="red" if c["class"] not in ("unknown", "not_memory") else "yellow"))
     _evidence(con, card)
     _runtime_snapshot_device(con, card)

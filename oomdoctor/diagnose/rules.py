@@ -25,7 +25,7 @@ ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving")
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status",
-             "likely_phase", "frames", "root_in"}
+             "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
 ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes",
@@ -199,8 +199,15 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         title=d.get("title", ""), klass=klass, class_by_phase=dict(cbp), phase=phase, reaches=reaches,
         priority=prio, fallback=bool(d.get("fallback", False)), message=str(d.get("message", "")).strip(),
         numbers=numbers, levers=list(levers), tests=tests, likely_phase=_likely(d, cbp, where),
-        root_in=str(d.get("root_in") or "").strip(),
+        root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where),
     )
+
+
+def _confidence(d: dict, where: str) -> str | None:
+    c = d.get("confidence")
+    if c is not None and c not in ("high", "medium", "low"):
+        raise RuleError(f"{where}: confidence '{c}' is not high, medium or low")
+    return c
 
 
 def _likely(d: dict, cbp: dict, where: str) -> str | None:
