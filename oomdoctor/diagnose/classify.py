@@ -238,10 +238,19 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     frames = [m for m in keep if m.rule.role == "frame"]
     cascades = [m for m in keep if m.rule.role == "cascade"]
     # a generic fallback ("any FooError: line") on a line a runtime signal explains (a rejected request) is not a root
-    explained = {r.n for r in runtime.rejections}
-    roots = [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and m.n in explained)]
+    # a rejected request that ends the traceback (in the same process) explains it too
+    explained = [(r.n, r.line.process) for r in runtime.rejections]
+    roots = [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and any(
+        p == m.line.process and 0 <= n - m.n <= FRAME_WINDOW for n, p in explained))]
     root = select_root(roots, cascades)
-    v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle_lines(ruleset, eng, ver))
+    settle = settle_lines(ruleset, eng, ver)
+    v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
+    if root is not None and root.rule.fallback and v.klass == "unknown":
+        # a generic fallback that nothing places (a cut traceback in unknown frames) is no root: try without it
+        notes.clear()
+        roots = [m for m in roots if m.rule is not root.rule]
+        root = select_root(roots, cascades)
+        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
 
     numbers, numbers_source, by_proc = merge_numbers(keep, root)
     if root is None:
