@@ -23,7 +23,7 @@ VLLM_RE = re.compile(
     r"(?:\((?:[A-Za-z][\w\- =]*? pid=\d+)\) (?=\())?"
     r"(?:\((?P<proc>[A-Za-z][\w\- =]*?) pid=(?P<pid>\d+)(?:, ip=[\w.:]+)?\)(?:\[[\d;]*m)? )?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
-    r"\[(?P<file>[^\]:]+):(?P<line>\d+)\] )?"
+    r"\[?(?P<file>[^\]:\s]+):(?P<line>\d+)\] )?"   # V0 (< 0.7) prints "file.py:N] " without the bracket
     r"(?P<msg>.*)$",
     re.S,
 )

@@ -60,11 +60,16 @@ class Verdict:
     fetch: str = ""                       # cascade_only: whose output holds the root cause, and how to get it
 
 
+def _is_frame_line(m: Match) -> bool:
+    t = m.line.text
+    return 'File "' in t and '", line ' in t
+
+
 def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None]:
     """The previous and next error lines of ``root``'s process (they bound its traceback)."""
     # a frame line is part of a traceback, not an error that bounds one (the cut-traceback rule matches frames)
     same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id
-            and not c.line.msg.lstrip().startswith("File ")]
+            and not _is_frame_line(c)]
     prev = max([n for n in same if n < root.n] or [0])
     nxt = min([n for n in same if n > root.n] or [0]) or None
     return prev, nxt
