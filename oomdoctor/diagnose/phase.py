@@ -81,10 +81,19 @@ def from_milestones(m, milestones: list) -> PhaseCall | None:
 
 
 def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error_line: int | None,
-             serving: tuple[int, str] | None) -> PhaseCall:
+             serving: tuple[int, str] | None, chain_end: int | None = None) -> PhaseCall:
     """The phase the process of ``m`` was in when ``m`` was printed (the evidence, not the rule's own class)."""
     serving_line = serving[0] if serving else None
     call = from_frames(frames_of(m, frames, prev_error_line, next_error_line), serving_line, m)
+    if call and call.phase == "runtime" and call.confidence != "high":
+        # a chained exception: the traceback printed after "The above exception was the direct cause" holds the
+        # outer frames (V0 profile_run → execute_model → the OOM); a start-up frame there decides
+        outer = [f for f in frames if m.n < f.n < m.n + FRAME_WINDOW and _proc(f) == _proc(m)
+                 and f.rule.reaches != "runtime" and (chain_end is None or f.n < chain_end)]
+        if outer:
+            f = outer[-1]
+            return PhaseCall(f.rule.reaches, "frames", "medium",
+                             f"traceback frame at line {f.n} ({f.rule.id}) of the chained exception", f.n)
     if call:
         return call
     ms = from_milestones(m, milestones)

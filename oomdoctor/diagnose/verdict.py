@@ -65,22 +65,24 @@ def _is_frame_line(m: Match) -> bool:
     return 'File "' in t and '", line ' in t
 
 
-def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None]:
+def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None, int | None]:
     """The previous and next error lines of ``root``'s process (they bound its traceback)."""
     # a frame line is part of a traceback, not an error that bounds one (the cut-traceback rule matches frames)
     same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id
             and not _is_frame_line(c)]
     prev = max([n for n in same if n < root.n] or [0])
-    nxt = min([n for n in same if n > root.n] or [0]) or None
-    return prev, nxt
+    after = sorted(n for n in same if n > root.n)
+    nxt = after[0] if after else None
+    chain_end = next((n for n in after if n > (nxt or 0) + 1), None)   # the end of a chained exception's traceback
+    return prev, nxt, chain_end
 
 
 def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
                   frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "") -> Verdict:
     v = Verdict()
     if root is not None:
-        prev_err, next_err = _error_lines(root, roots, cascades)
-        call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving)
+        prev_err, next_err, chain_end = _error_lines(root, roots, cascades)
+        call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving, chain_end)
         k, call = class_of(root, call)
         if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
             call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)

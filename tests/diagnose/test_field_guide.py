@@ -38,7 +38,6 @@ NOT_YET: dict[str, str] = {
     "vllm-v1-043": "diagnosed unknown/none/vllm: CANN runtime kernel-fault dump lines then vLLM dump_input ERROR lines (no process prefix)",
     "vllm-v1-044": "diagnosed cascade_only/none/vllm: tail only: glibc abort line (issue title), uvicorn lifespan CancelledError traceback, KSer",
     "vllm-v0p-008": "diagnosed runtime_oom/runtime/vllm: Ray dedup milestone, remote worker sampler-frame tail, driver [rank0] chained traceback th",
-    "vllm-v0p-010": "diagnosed runtime_oom/runtime/vllm: VllmWorkerProcess chained traceback then MQLLMEngine SpawnProcess traceback, 'Error in mod",
     "vllm-v0p-011": "diagnosed weights_load_oom/weights_load/vllm: collect_env dump then bare XLA RESOURCE_EXHAUSTED smem compile error, no frames",
     "vllm-v0p-019": "diagnosed weights_load_oom/weights_load/vllm: SpawnProcess traceback hard-wrapped at 80 columns, frames stop at _initialize_kv_caches, u",
     "vllm-v0p-020": "diagnosed unknown/none/vllm: per-worker milestones through CUDA-graph capture notices, no exception line (log ends in c",
