@@ -28,8 +28,7 @@ RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_pha
              "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes",
-               "fetch"}
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes"}
 _FUNC_RE = re.compile(r"[A-Za-z_<][\w<>]*")
 
 
@@ -244,11 +243,7 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     counters = d.get("preemption_counters") or []
     if not isinstance(counters, list) or not all(isinstance(x, str) and x for x in counters):
         raise RuleError(f"{where}: 'preemption_counters' must be a list of Prometheus metric names")
-    fetch = d.get("fetch") or {}
-    if not isinstance(fetch, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in fetch.items()):
-        raise RuleError(f"{where}: 'fetch' must map a process kind to how to get its output")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters),
-                      {k: v.strip() for k, v in fetch.items()})
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters))
 
 
 def _load_yaml(path: Path) -> Any:

@@ -153,8 +153,6 @@ class EngineSpec:
     path: str
     # Prometheus counters of preemptions this engine exports (--metrics), the canonical name first
     preemption_counters: list[str] = field(default_factory=list)
-    # process kind → how to get its output when a paste holds only a wrapper (cascade_only)
-    fetch: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
