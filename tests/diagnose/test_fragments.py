@@ -131,3 +131,29 @@ def test_frames_field_builds_cpython_faulthandler_and_ipython_forms():
 def test_new_rule_fields_are_checked(bad, msg):
     with pytest.raises(RuleError, match=msg):
         build_rule({"id": "vllm.t.x", "engine": "vllm", **bad}, Path("t.yaml"), "vllm")
+
+
+def test_a_few_stray_bytes_do_not_make_a_log_binary(tmp_path):
+    # a real H200 log with a NUL and a broken UTF-8 sequence in the middle keeps its diagnosis
+    raw = (LOGS / "vllm-0.25.1-h200" / "A_fail.log").read_bytes().split(b"\n")
+    raw[len(raw) // 3] += b" \x00 \xff\xfe\xc3"
+    p = tmp_path / "A_fail_stray.log"
+    p.write_bytes(b"\n".join(raw))
+    assert _diag(p).klass == _diag(LOGS / "vllm-0.25.1-h200" / "A_fail.log").klass == "kv_capacity"
+
+
+def test_wrapper_prefixes_are_stripped_before_the_engine_prefix():
+    from oomdoctor.diagnose.parse import parse_line
+    compose = (FG / "vllm-v1-011.log").read_text(encoding="utf-8").splitlines()[0]
+    assert compose.startswith("qwen3-1  | ") and parse_line(1, compose).msg == "vLLM API server version 0.8.5"
+    relog = (FG / "vllm-v1-017.log").read_text(encoding="utf-8").splitlines()[0]
+    line = parse_line(1, relog)
+    assert (line.proc, line.pid) == ("EngineCore", "45102") and line.msg.startswith("torch.OutOfMemoryError: HIP")
+    ray = next(t for t in (FG / "vllm-v0p-007.log").read_text(encoding="utf-8").splitlines() if ", ip=" in t)
+    assert parse_line(1, ray).proc == "NPURayWorkerWrapper"
+
+
+def test_chained_exception_outer_traceback_places_the_oom():
+    # V0: the worker's first traceback shows only execute_model; the chained one shows profile_run
+    d = _diag(FG / "vllm-v0p-010.log")
+    assert (d.klass, d.phase, d.phase_basis_kind) == ("profiling_oom", "profiling", "frames")
