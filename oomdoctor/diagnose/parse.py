@@ -30,10 +30,11 @@ VLLM_RE = re.compile(
 SGLANG_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: (?P<proc>(?:DP\d+ )?(?:TP\d+|EP\d+|PP\d+)[^\]]*))?\] (?P<msg>.*)$", re.S)
 # What launchers and collectors put in FRONT of the engine's own line (stripped before the engine's prefix is parsed;
 # the rules still see the whole line too): docker compose "svc-1  | ", ISO/CI timestamps with an optional level word
-# and "(Process)" ("2026-03-04 18:02:11.408 [Error] (Process) "), journald/syslog "Dec 01 12:00:00 host unit[12]: ",
+# and "(Process)" ("2026-03-04 18:02:11.408 [Error] (Process) "), torch's "[rank0]: ", journald/syslog "Dec 01 12:00:00 host unit[12]: ",
 # Ray's dedup/driver prefixes are handled by VLLM_RE ("(RayWorkerWrapper pid=N, ip=A)"). One quantifier per run.
 WRAPPER_RE = re.compile(
     r"^(?:[\w.-]{1,64} {0,8}\| "
+    r"|\[rank\d{1,5}\]: "                                            # torch.distributed's per-rank relay
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?(?: ?[+-]\d\d:?\d\d)? {1,4}"
     r"(?:-? ?(?:\[[A-Za-z]{1,10}\]|[A-Z]{4,8}) (?:- )?)?(?:\(\w{1,32}\) )?"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: )"
