@@ -56,7 +56,7 @@ def from_frames(fr: list, serving_line: int | None, m) -> PhaseCall | None:
         return None
     # innermost known frame: the last one printed before the error, or — for frames after it — the last of them
     f = fr[-1]
-    conf = "high"
+    conf = f.rule.confidence or "high"        # a frame that stands for several phases says so (medium)
     if f.rule.reaches == "runtime":
         startup = [x for x in fr if x.rule.reaches != "runtime"]
         if startup:

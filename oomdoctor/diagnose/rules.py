@@ -97,8 +97,8 @@ def _patterns(pats: list, where: str) -> list[Pattern]:
 
 def frame_patterns(entries: Any, where: str) -> list[dict]:
     """``frames: [profile_run, torch/cuda/graphs.py:capture_end]`` → the patterns of those frames as CPython
-    (``File "p", line N, in f``), faulthandler/py-spy (``line N in f``) and IPython (``File p:N, in C.f(``)
-    print them. Every regex is linear: one bounded class run before a literal."""
+    (``File "p", line N, in f``), faulthandler/py-spy (``line N in f``), IPython (``File p:N, in C.f(``) and a
+    paste hard-wrapped inside the path print them. Every regex is linear: one bounded class run before a literal."""
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
         raise RuleError(f"{where}: 'frames' must be a non-empty list of 'function' or 'path:function'")
     bare: list[str] = []
@@ -116,6 +116,8 @@ def frame_patterns(entries: Any, where: str) -> list[dict]:
         names = "|".join(re.escape(f) for f in bare)
         out.append({"regex": f'File "[^"]*", line \\d+,? in (?:{names})\\s*$', "anchor": '", line '})
         out.append({"regex": f"File [^\\s:]+:\\d+, in (?:[\\w<>]+\\.){{0,3}}(?:{names})\\(", "anchor": ", in "})
+        # a paste hard-wrapped at 80 columns: the frame's second half starts the line ('ssing/engine.py", line N, in f')
+        out.append({"regex": f'^[^\\s"]*\\.py", line \\d+,? in (?:{names})\\s*$', "anchor": '", line '})
     for path, func in by_path:
         p, f = re.escape(path), re.escape(func)
         out.append({"regex": f'File "[^"]*{p}", line \\d+,? in {f}\\s*$', "anchor": path if len(path) >= 4 else '", line '})
