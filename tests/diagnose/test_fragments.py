@@ -157,3 +157,40 @@ def test_chained_exception_outer_traceback_places_the_oom():
     # V0: the worker's first traceback shows only execute_model; the chained one shows profile_run
     d = _diag(FG / "vllm-v0p-010.log")
     assert (d.klass, d.phase, d.phase_basis_kind) == ("profiling_oom", "profiling", "frames")
+
+
+def test_jupyter_render_is_read_by_its_frames():
+    d = _diag(LOGS / "vllm-0.6-formatstrings" / "jupyter_profiling_oom.log")
+    assert (d.klass, d.phase, d.engine) == ("profiling_oom", "profiling", "vllm")
+    assert d.phase_basis_kind == "frames" and "vllm.frame.profile_run" in d.phase_basis
+
+
+@pytest.mark.parametrize("line,rule", [
+    ("RuntimeError: NPU out of memory. Tried to allocate 2.57 GiB (NPU 2; 60.96 GiB total capacity; 57.49 GiB already "
+     "allocated; 57.49 GiB current active; 1.96 GiB free; 58.12 GiB reserved in total by PyTorch)", "vllm.oom.accelerator"),
+    ("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 1.00 GiB.", "vllm.oom.accelerator"),
+    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 12.95 GiB.", "vllm.oom.accelerator"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB, max allowed: "
+     "18.13 GB). Tried to allocate 256.00 MB on private pool.", "vllm.oom.accelerator"),
+    ("RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+     "memory space hbm.", "vllm.oom.xla"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "vllm.cuda_oom.raw"),
+    ("RuntimeError: CUDA error: out of memory", "vllm.cuda_oom.raw"),
+    ("RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "vllm.oom.cumem"),
+])
+def test_every_accelerator_wording_is_a_memory_failure(tmp_path, line, rule):
+    p = tmp_path / "one.log"
+    p.write_text(line + "\n", encoding="utf-8")
+    d = diagnose_file(p, RULES, engine="vllm")
+    assert d.rule == rule and d.is_memory_failure and d.confidence == "low" and d.phase_basis_kind == "likely"
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 08-16 03:13:02 model_runner.py:1028] CUDA graphs can take additional 1~3 GiB memory per GPU. If you are "
+    "running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode.",
+    "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+])
+def test_decoys_are_not_gpu_memory_failures(tmp_path, line):
+    p = tmp_path / "one.log"
+    p.write_text(line + "\n", encoding="utf-8")
+    assert not diagnose_file(p, RULES, engine="vllm").is_memory_failure
