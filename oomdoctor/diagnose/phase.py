@@ -7,7 +7,9 @@ decided from the strongest evidence present, in this order (``phase_basis`` in t
   the same process before the error line, or, when the message is printed before its traceback (a
   ``logger.exception`` record), the frames right after it. A ``runtime`` frame nested inside a start-up frame
   of the same traceback is a start-up dummy run (vLLM's V2 runner: ``profile_run → _dummy_run →
-  execute_model``). A lone ``runtime`` frame is ``medium`` without serving evidence.
+  execute_model``). A lone ``runtime`` frame without serving evidence is ``medium``, and a start-up frame of a
+  chained exception's outer traceback, or of the calling process's traceback (a driver's RPC into a worker),
+  printed after it decides (``medium``).
 - ``message``: the rule names its class (``class:``), so its phase — or a phase seen in ``milestones`` /
   ``serving`` that its ``class_by_phase`` maps, when it has both.
 - ``milestones``: the last start-up milestone of the same process (``high``), else of any process (``medium``).
@@ -86,14 +88,7 @@ def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error
     serving_line = serving[0] if serving else None
     call = from_frames(frames_of(m, frames, prev_error_line, next_error_line), serving_line, m)
     if call and call.phase == "runtime" and call.confidence != "high":
-        # a chained exception: the traceback printed after "The above exception was the direct cause" holds the
-        # outer frames (V0 profile_run → execute_model → the OOM); a start-up frame there decides
-        outer = [f for f in frames if m.n < f.n < m.n + FRAME_WINDOW and _proc(f) == _proc(m)
-                 and f.rule.reaches != "runtime" and (chain_end is None or f.n < chain_end)]
-        if outer:
-            f = outer[-1]
-            return PhaseCall(f.rule.reaches, "frames", "medium",
-                             f"traceback frame at line {f.n} ({f.rule.id}) of the chained exception", f.n)
+        call = outer_startup_frame(m, frames, chain_end, serving) or call
     if call:
         return call
     ms = from_milestones(m, milestones)
@@ -103,6 +98,28 @@ def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error
     if ms:
         return ms
     return PhaseCall(None, "", "low", "no frame, milestone or serving line before the error")
+
+
+def outer_startup_frame(m, frames: list, chain_end: int | None, serving: tuple[int, str] | None) -> PhaseCall | None:
+    """A lone serving frame without serving evidence: a start-up frame further out decides — in a chained
+    exception's outer traceback, or in the traceback of the process that called this one."""
+    # a chained exception: the traceback printed after "The above exception was the direct cause" holds the
+    # outer frames (V0 profile_run → execute_model → the OOM)
+    outer = [f for f in frames if m.n < f.n < m.n + FRAME_WINDOW and _proc(f) == _proc(m)
+             and f.rule.reaches != "runtime" and (chain_end is None or f.n < chain_end)]
+    if outer:
+        f = outer[-1]
+        return PhaseCall(f.rule.reaches, "frames", "medium",
+                         f"traceback frame at line {f.n} ({f.rule.id}) of the chained exception", f.n)
+    # a worker's step called by the driver over RPC (V0 Ray/multiproc _run_workers, V1 collective_rpc): the
+    # caller's traceback, printed after the worker's, shows the start-up step it was in
+    caller = [f for f in frames if m.n < f.n < m.n + FRAME_WINDOW and _proc(f) != _proc(m)
+              and f.rule.reaches != "runtime"]
+    if caller and (serving is None or serving[0] > m.n):
+        f = caller[-1]
+        return PhaseCall(f.rule.reaches, "frames", "medium", f"traceback frame at line {f.n} ({f.rule.id}) of the "
+                         f"calling process {_proc(f) or '(no prefix)'}", f.n)
+    return None
 
 
 def settle_hint(phase_frames: dict[str, list[str]], milestone_titles: list[str]) -> str:

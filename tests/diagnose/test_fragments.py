@@ -194,3 +194,10 @@ def test_decoys_are_not_gpu_memory_failures(tmp_path, line):
     p = tmp_path / "one.log"
     p.write_text(line + "\n", encoding="utf-8")
     assert not diagnose_file(p, RULES, engine="vllm").is_memory_failure
+
+
+def test_worker_step_called_by_the_driver_takes_the_drivers_start_up_frame():
+    # V0 Ray: the worker's traceback shows only execute_model; the driver's shows determine_num_available_blocks
+    d = _diag(FG / "vllm-v0p-008.log")
+    assert (d.klass, d.phase, d.confidence) == ("profiling_oom", "profiling", "medium")
+    assert "calling process" in d.phase_basis
