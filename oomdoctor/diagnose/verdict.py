@@ -11,6 +11,7 @@ from oomdoctor.diagnose.signals import RuntimeTracker
 
 RANK = {"low": 0, "medium": 1, "high": 2}
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
+REVERSED_LINES = 40          # a traceback exported newest-first: its exception line is printed just before its frames
 
 
 def class_of(m: Match, call: PhaseCall) -> tuple[str | None, PhaseCall]:
@@ -129,7 +130,8 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     explained = [(r.n, r.line.process) for r in runtime.rejections]
 
     def explained_by_rejection(m: Match) -> bool:
-        return any(p == m.line.process and 0 <= n - m.n <= FRAME_WINDOW for n, p in explained)
+        # its exception line after it; or just before it when a collector exported the lines in reverse order
+        return any(p == m.line.process and -REVERSED_LINES <= n - m.n <= FRAME_WINDOW for n, p in explained)
 
     return [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and explained_by_rejection(m))]
 

@@ -28,7 +28,6 @@ NOT_YET: dict[str, str] = {
     "vllm-v1-021": "diagnosed unknown/none/vllm: hand-condensed log with bracketed '[... N similar ...]' notes and '...' progress bars, Wor",
     "vllm-v1-027": "diagnosed weights_load_oom/weights_load/vllm: HTML-rendered, paraphrased report (error class, function names, rounded figures), no raw l",
     "vllm-v1-030": "diagnosed unknown/none/None: EngineCore_0 INFO lines from a debug-instrumented scheduler interleaved with LMCache's own",
-    "vllm-v1-033": "diagnosed runtime_oom/runtime/vllm: log-collector export: collector timestamps, optional level word, reverse time order, raw e",
     "vllm-v0p-020": "diagnosed unknown/none/vllm: per-worker milestones through CUDA-graph capture notices, no exception line (log ends in c",
     "vllm-v0p-024": "diagnosed weights_load_oom/weights_load/vllm: bare traceback tail, ipex-llm low_bit_linear frame, XPU OOM wording, nothing else",
     "vllm-v0p-032": "diagnosed not_memory/none/vllm: reporter's single [rank0] AssertionError line, then commenter's 0.0000 GB weights mileston",
