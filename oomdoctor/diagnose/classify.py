@@ -22,11 +22,13 @@ from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.match import Match, choose_engine, match_lines
+from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
+from oomdoctor.diagnose.verdict import Verdict, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan
 
-EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
-FRAME_WINDOW = 800           # how far back traceback frames are looked for
+__all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
+           "select_root"]
 
 
 @dataclass
@@ -52,66 +54,29 @@ class Diagnosis:
     runtime: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     hits: dict[str, dict] = field(default_factory=dict)     # rule id → first line, count, numbers
+    phase_basis_kind: str = ""             # frames | message | milestones | serving | likely
+    confidence: str = ""                   # high | medium | low
+    settle: str = ""                       # the lines that would settle a phase the paste does not show
+    fetch: str = ""                        # cascade_only: whose output holds the root cause, and how to get it
 
     @property
     def is_memory_failure(self) -> bool:
         return self.klass not in contract.NO_MEMORY_FAILURE
 
     def classification(self) -> dict:
-        return {"class": self.klass, "phase": self.phase, "type": self.type, "rule": self.rule,
-                "engine": self.engine, "engine_version": self.engine_version}
+        out = {"class": self.klass, "phase": self.phase, "type": self.type, "rule": self.rule,
+               "engine": self.engine, "engine_version": self.engine_version}
+        if self.phase_basis_kind:
+            out["phase_basis"] = self.phase_basis_kind
+            out["confidence"] = self.confidence
+        if self.settle:
+            out["settled_by"] = self.settle
+        if self.fetch:
+            out["root_cause_in"] = self.fetch
+        return out
 
 
 # ----------------------------------------------------------------------------- phases
-def phase_at(m: Match, milestones: list[Match], frames: list[Match], prev_error_line: int) -> tuple[str | None, str]:
-    """The phase the process of ``m`` was in when ``m`` was printed, and how that was decided."""
-    lo = max(prev_error_line, m.n - FRAME_WINDOW)
-    fr = [f for f in frames if lo < f.n < m.n and f.line.process == m.line.process]
-    if fr:
-        f = fr[-1]                         # innermost known frame of the traceback
-        if f.rule.reaches == "runtime":
-            # a start-up step can run the serving code path (vLLM's V2 runner: profile_run → _dummy_run →
-            # execute_model): a start-up frame further out in the same traceback decides
-            startup = [x for x in fr if x.rule.reaches != "runtime"]
-            if startup:
-                f = startup[-1]
-        return f.rule.reaches, f"traceback frame at line {f.n} ({f.rule.id})"
-    own = [x for x in milestones if x.n < m.n and m.line.process and x.line.process == m.line.process]
-    if own:
-        x = own[-1]
-        return x.rule.reaches, f"last milestone of {m.line.process} at line {x.n} ({x.rule.id})"
-    before = [x for x in milestones if x.n < m.n]
-    if before:
-        x = before[-1]
-        return x.rule.reaches, f"last milestone at line {x.n} ({x.rule.id})"
-    return None, "no milestone before the error"
-
-
-def class_of(m: Match, phase: str | None) -> tuple[str | None, str | None]:
-    r = m.rule
-    if r.klass:
-        return r.klass, contract.CLASSES[r.klass]["phase"]
-    if phase and phase in r.class_by_phase:
-        k = r.class_by_phase[phase]
-        return k, contract.CLASSES[k]["phase"]
-    return None, phase
-
-
-def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
-    primary = [m for m in roots if not m.rule.fallback]
-    cascade_lines = {c.n for c in cascades}
-    pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
-    if not pool:
-        return None
-    first = pool[0]
-    end = first.n + EPISODE_LINES
-    nxt = [c.n for c in cascades if c.n > first.n]
-    if nxt:
-        end = min(end, nxt[0])
-    episode = [m for m in pool if first.n <= m.n <= end]
-    return max(episode, key=lambda m: (m.rule.priority, -m.n))
-
-
 # ----------------------------------------------------------------------------- main
 def engine_version_of(ruleset: RuleSet, eng: str | None, versions: dict[str, tuple[str, int]],
                       forced: str | None) -> tuple[str | None, int | None]:
@@ -139,41 +104,6 @@ def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
     return [c for spec in specs for c in spec.preemption_counters]
 
 
-@dataclass
-class Verdict:
-    """The class of a log and what decided it: its root line, else the runtime signals."""
-    klass: str = "unknown"
-    phase: str = "none"
-    basis: str = ""
-    rule: str | None = None
-    message: str = ""
-    levers: list[str] = field(default_factory=list)
-
-
-def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
-                  frames: list[Match], runtime: RuntimeTracker, notes: list[str]) -> Verdict:
-    v = Verdict()
-    if root is not None:
-        prev_err = max([c.n for c in roots + cascades if c.n < root.n and c.line.process == root.line.process] or [0])
-        ph, v.basis = phase_at(root, milestones, frames, prev_err)
-        k, p = class_of(root, ph)
-        if k is None:
-            k, p = "unknown", "none"
-            notes.append(f"rule {root.rule.id} matched at line {root.n} but the phase ({ph or 'unknown'}) "
-                         "has no class in it: not guessing")
-        v.klass, v.phase, v.rule, v.message, v.levers = k, p or "none", root.rule.id, root.rule.message, list(root.rule.levers)
-        return v
-    sig = runtime.classify()
-    if sig is not None:
-        v.klass, v.rule, v.message = sig["class"], sig.get("rule"), sig.get("message", "")
-        v.levers, v.basis = sig.get("levers", []), sig.get("basis", "")
-        v.phase = contract.CLASSES[v.klass]["phase"]
-    elif cascades:
-        notes.append("a wrapper error was found but not its root cause: the log is cut, or the cause was "
-                     "printed by another process whose output is missing")
-    return v
-
-
 def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, klass: str,
                    phase_reached: str | None) -> None:
     if source.cut_lines:
@@ -191,7 +121,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     runtime = RuntimeTracker()
     hits: dict[str, dict] = {}
     matches, counts, versions = match_lines(lines, ruleset.rules, list(ruleset.engines.values()), runtime, hits)
-    eng = choose_engine(ruleset, counts, versions, engine)
+    eng = choose_engine(ruleset, counts, versions, engine) or engine_of_hits(ruleset, hits)
     notes: list[str] = []
     ver, ver_line = engine_version_of(ruleset, eng, versions, engine_version)
     if eng is None:
@@ -202,11 +132,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
-    frames = [m for m in keep if m.rule.role == "frame"]
-    cascades = [m for m in keep if m.rule.role == "cascade"]
-    roots = [m for m in keep if m.rule.role == "root"]
-    root = select_root(roots, cascades)
-    v = classify_root(root, roots, cascades, milestones, frames, runtime, notes)
+    root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, ver))
 
     numbers, numbers_source, by_proc = merge_numbers(keep, root)
     if root is None:
@@ -222,7 +148,34 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
         phase_reached=phase_reached, phase_basis=v.basis, levers=v.levers, matches=keep,
         runtime=runtime.summary(), notes=notes,
         hits={k: h for k, h in hits.items() if eng is None or h["engine"] == eng},
+        phase_basis_kind=v.basis_kind, confidence=v.confidence, settle=v.settle, fetch=v.fetch,
     )
+
+
+def engine_of_hits(ruleset: RuleSet, hits: dict[str, dict]) -> str | None:
+    """No detection string and no version line: the engine whose own messages matched (a wording only that engine
+    prints — roots, wrappers, milestones, signals; not generic frames or fallbacks), when exactly one did."""
+    own: dict[str, int] = {}
+    for rid, h in hits.items():
+        r = ruleset.by_id(rid)
+        if r.role == "frame" or r.fallback:
+            continue
+        own[h["engine"]] = own.get(h["engine"], 0) + h["count"]
+    ranked = sorted(own.items(), key=lambda kv: -kv[1])
+    if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+        return ranked[0][0]
+    return None
+
+
+def settle_lines(ruleset: RuleSet, eng: str | None, ver: str | None) -> str:
+    """The lines that would settle a phase, from the engine's own frame and milestone rules."""
+    rules = [r for r in ruleset.rules if (eng is None or r.engine == eng) and r.applies_to(ver)]
+    by_phase: dict[str, list[str]] = {}
+    for r in rules:
+        if r.role == "frame" and r.reaches:
+            by_phase.setdefault(r.reaches, []).extend(frame_names(r))
+    titles = [r.title for r in rules if r.role == "milestone" and r.title]
+    return settle_hint(by_phase, titles)
 
 
 def merge_numbers(matches: list[Match], root: Match | None) -> tuple[dict, dict, dict]:

@@ -73,7 +73,7 @@ def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], eng
                     hits[r.id] = {"line": n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
                 else:
                     h["count"] += 1
-                if r.role == "signal":
+                if r.role in ("signal", "serving"):   # folded as they stream by: bounded memory
                     runtime.add(mt)
                 elif len(matches) < MAX_STORED_MATCHES:
                     matches.append(mt)

@@ -57,11 +57,10 @@ def is_gzip(path: Path) -> bool:
 
 
 def looks_binary(sample: bytes) -> bool:
-    """True for data that is not a text log: NUL bytes, or mostly control bytes."""
+    """True for data that is not a text log: mostly control bytes (NUL included) or mostly invalid UTF-8. A few stray
+    bytes in a pasted or crash-truncated log (a NUL, a broken UTF-8 sequence) do not make it binary."""
     if not sample:
         return False
-    if b"\x00" in sample:
-        return True
     ctrl = sum(1 for b in sample if b < 32 and b not in (9, 10, 13, 27, 12, 8))
     if ctrl / len(sample) > 0.10:
         return True

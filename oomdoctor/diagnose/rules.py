@@ -21,13 +21,15 @@ from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, 
                                          derive_anchor, parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
 
-ROLES = ("root", "cascade", "milestone", "frame", "signal", "info")
+ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving")
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
-             "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status"}
+             "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status",
+             "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
 ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes"}
+_FUNC_RE = re.compile(r"[A-Za-z_<][\w<>]*")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -93,6 +95,36 @@ def _patterns(pats: list, where: str) -> list[Pattern]:
     return patterns
 
 
+def frame_patterns(entries: Any, where: str) -> list[dict]:
+    """``frames: [profile_run, torch/cuda/graphs.py:capture_end]`` → the patterns of those frames as CPython
+    (``File "p", line N, in f``), faulthandler/py-spy (``line N in f``), IPython (``File p:N, in C.f(``) and a
+    paste hard-wrapped inside the path print them. Every regex is linear: one bounded class run before a literal."""
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
+        raise RuleError(f"{where}: 'frames' must be a non-empty list of 'function' or 'path:function'")
+    bare: list[str] = []
+    by_path: list[tuple[str, str]] = []
+    for e in entries:
+        path, _, func = e.rpartition(":")
+        if not _FUNC_RE.fullmatch(func):
+            raise RuleError(f"{where}: frames: '{e}' does not end in a function name")
+        if path:
+            by_path.append((path, func))
+        else:
+            bare.append(func)
+    out: list[dict] = []
+    if bare:
+        names = "|".join(re.escape(f) for f in bare)
+        out.append({"regex": f'File "[^"]*", line \\d+,? in (?:{names})\\s*$', "anchor": '", line '})
+        out.append({"regex": f"File [^\\s:]+:\\d+, in (?:[\\w<>]+\\.){{0,3}}(?:{names})\\(", "anchor": ", in "})
+        # a paste hard-wrapped at 80 columns: the frame's second half starts the line ('ssing/engine.py", line N, in f')
+        out.append({"regex": f'^[^\\s"]*\\.py", line \\d+,? in (?:{names})\\s*$', "anchor": '", line '})
+    for path, func in by_path:
+        p, f = re.escape(path), re.escape(func)
+        out.append({"regex": f'File "[^"]*{p}", line \\d+,? in {f}\\s*$', "anchor": path if len(path) >= 4 else '", line '})
+        out.append({"regex": f"File [^\\s:]*{p}:\\d+, in (?:[\\w<>]+\\.){{0,3}}{f}\\(", "anchor": path if len(path) >= 4 else ", in "})
+    return out
+
+
 def _numbers(specs: dict, patterns: list[Pattern], where: str) -> list[NumberSpec]:
     numbers = []
     groups: set[str] = set().union(*(set(p.regex.groupindex) for p in patterns))
@@ -148,18 +180,44 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
     _check_spec(d.get("versions"), where)
     klass, cbp, phase = _class_and_phase(d, role, where)
     reaches = d.get("reaches")
-    if role in ("milestone", "frame"):
+    if role == "serving":
+        reaches = reaches or "runtime"
+    if role in ("milestone", "frame", "serving"):
         if reaches not in contract.PHASES:
             raise RuleError(f"{where}: a {role} rule needs 'reaches: <phase>' (one of {', '.join(contract.PHASES)})")
-    patterns = _patterns(_req(d, "patterns", where, list), where)
+    pats = list(d.get("patterns") or [])
+    if "frames" in d:
+        if role != "frame":
+            raise RuleError(f"{where}: 'frames' is for role: frame")
+        pats += frame_patterns(d["frames"], where)
+    elif "patterns" not in d:
+        _req(d, "patterns", where, list)
+    patterns = _patterns(pats, where)
     numbers = _numbers(d.get("numbers") or {}, patterns, where)
     levers, tests, prio = _levers_tests_priority(d, where)
     return Rule(
         id=rid, engine=engine, role=role, patterns=patterns, path=str(path), versions=d.get("versions"),
         title=d.get("title", ""), klass=klass, class_by_phase=dict(cbp), phase=phase, reaches=reaches,
         priority=prio, fallback=bool(d.get("fallback", False)), message=str(d.get("message", "")).strip(),
-        numbers=numbers, levers=list(levers), tests=tests,
+        numbers=numbers, levers=list(levers), tests=tests, likely_phase=_likely(d, cbp, where),
+        root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where),
     )
+
+
+def _confidence(d: dict, where: str) -> str | None:
+    c = d.get("confidence")
+    if c is not None and c not in ("high", "medium", "low"):
+        raise RuleError(f"{where}: confidence '{c}' is not high, medium or low")
+    return c
+
+
+def _likely(d: dict, cbp: dict, where: str) -> str | None:
+    lp = d.get("likely_phase")
+    if lp is None:
+        return None
+    if lp not in cbp:
+        raise RuleError(f"{where}: likely_phase '{lp}' is not a phase of its class_by_phase")
+    return str(lp)
 
 
 def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:

@@ -113,6 +113,9 @@ class Rule:
     numbers: list[NumberSpec] = field(default_factory=list)
     levers: list[str] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)
+    likely_phase: str | None = None      # the phase to report when the paste shows none (confidence low)
+    root_in: str = ""                    # cascade: where the root cause was printed and how to get it
+    confidence: str | None = None        # the most a match of this rule can claim (a cut traceback: low)
 
     def applies_to(self, version: str | None) -> bool:
         return version is None or version_in(version, self.versions)

@@ -54,6 +54,7 @@ class RuntimeTracker:
         self.pressure_samples = 0
         self.max_kv_usage: float | None = None
         self.max_waiting: int | None = None
+        self.first_serving: tuple[int, str] | None = None   # the first line that shows the engine serving
 
     # -- collection -----------------------------------------------------------------
     def add(self, m) -> None:
@@ -81,6 +82,8 @@ class RuntimeTracker:
             if b.max_waiting is not None:
                 self.max_waiting = max(self.max_waiting or 0, b.max_waiting)
             self._seen += b._seen
+            if b.first_serving is not None and (self.first_serving is None or b.first_serving < self.first_serving):
+                self.first_serving = b.first_serving
             self.samples = sorted(self.samples + b.samples, key=lambda x: x.line)
             self._stride = max(self._stride, b._stride)
         while len(self.samples) >= MAX_SAMPLES:
@@ -88,6 +91,11 @@ class RuntimeTracker:
             self._stride *= 2
 
     def _fold(self, m) -> None:
+        # a serving line, a stats line or a rejected request: the engine was serving from this line on
+        if self.first_serving is None or m.n < self.first_serving[0]:
+            self.first_serving = (m.n, m.rule.title or m.rule.id)
+        if m.rule.role == "serving":
+            return
         nums = m.numbers
         klass = m.rule.klass
         if klass == "admission_rejection":

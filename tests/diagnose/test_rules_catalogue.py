@@ -157,7 +157,7 @@ def _from_origin(folder: Path) -> dict[str, str]:
     return out
 
 
-# the field-guide fixtures carry their facts in field-guide/expected.yaml and have their own test
+# field-guide/ has its own expected.yaml (class, phase and engine per case): tests/diagnose/test_field_guide.py
 ALL_LOGS = sorted(p.relative_to(LOGS).as_posix() for p in LOGS.rglob("*.log") if p.parent.name != "field-guide")
 
 
@@ -234,8 +234,6 @@ def test_every_engine_has_fixtures():
 # Rules without an `expect: match` case, and why no fixture shows their message.
 NO_MATCH_CASE = {
     "vllm.config.mamba_align_block_size": "0.25.1-only assertion for hybrid Mamba models; no captured or rendered hybrid-model log",
-    "vllm.cuda_oom.raw": "a raw 'CUDA error: out of memory' / CUBLAS_STATUS_ALLOC_FAILED comes from the CUDA runtime or cuBLAS, "
-                         "whose exact surrounding text we did not read from a source",
     "vllm.free_memory.external_weights": "0.33.0 external-weights path needs an out-of-process weight loader we did not model",
     "vllm.ledger.startup_plan_skipped": "the rendered startup-plan scenario applies its plan",
     "vllm.other.illegal_memory_access": "the text is torch's/CUDA's; the exception class torch prints for it changed across "

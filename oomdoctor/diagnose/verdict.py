@@ -1,0 +1,153 @@
+"""The verdict: which matched line is the ROOT failure, its class and the phase call behind it; else the runtime
+signals; else, with only wrappers in the paste, ``cascade_only`` (where the root cause was printed)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oomdoctor import contract
+from oomdoctor.diagnose.match import Match
+from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, phase_of
+from oomdoctor.diagnose.signals import RuntimeTracker
+
+RANK = {"low": 0, "medium": 1, "high": 2}
+EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
+REVERSED_LINES = 40          # a traceback exported newest-first: its exception line is printed just before its frames
+
+
+def class_of(m: Match, call: PhaseCall) -> tuple[str | None, PhaseCall]:
+    """The class of root ``m`` and the phase call that decided it. A phase seen (frames, milestones, serving) that
+    the rule's ``class_by_phase`` maps decides; else the rule's own ``class`` (the message names its phase);
+    else its ``likely_phase`` (confidence low); else no class (``None``)."""
+    r = m.rule
+    if call.phase and call.seen and call.phase in r.class_by_phase:
+        return r.class_by_phase[call.phase], call
+    if r.klass:
+        ph = contract.CLASSES[r.klass]["phase"]
+        return r.klass, PhaseCall(ph, "message", "high", f"the message names it ({r.id} at line {m.n})", m.n)
+    if r.likely_phase:
+        seen = f"; the phase seen ({call.phase}) has no class in it" if call.phase else ""
+        return r.class_by_phase[r.likely_phase], PhaseCall(
+            r.likely_phase, "likely", "low", f"most likely phase of {r.id} (nothing in the paste shows it{seen})", m.n)
+    return None, call
+
+
+def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
+    primary = [m for m in roots if not m.rule.fallback]
+    cascade_lines = {c.n for c in cascades}
+    pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
+    if not pool:
+        return None
+    first = pool[0]
+    end = first.n + EPISODE_LINES
+    nxt = [c.n for c in cascades if c.n > first.n]
+    if nxt:
+        end = min(end, nxt[0])
+    episode = [m for m in pool if first.n <= m.n <= end]
+    return max(episode, key=lambda m: (m.rule.priority, -m.n))
+
+
+@dataclass
+class Verdict:
+    """The class of a log and what decided it: its root line, else the runtime signals, else its wrappers."""
+    klass: str = "unknown"
+    phase: str = "none"
+    basis: str = ""                       # in words: which line decided the phase
+    basis_kind: str = ""                  # contract: frames | message | milestones | serving | likely
+    confidence: str = ""                  # contract: high | medium | low
+    rule: str | None = None
+    message: str = ""
+    levers: list[str] = field(default_factory=list)
+    settle: str = ""                      # the lines that would settle a phase the paste does not show
+    fetch: str = ""                       # cascade_only: whose output holds the root cause, and how to get it
+
+
+def _is_frame_line(m: Match) -> bool:
+    t = m.line.text
+    return 'File "' in t and '", line ' in t
+
+
+def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None, int | None]:
+    """The previous and next error lines of ``root``'s process (they bound its traceback)."""
+    # a frame line is part of a traceback, not an error that bounds one (the cut-traceback rule matches frames)
+    same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id
+            and not _is_frame_line(c)]
+    prev = max([n for n in same if n < root.n] or [0])
+    after = sorted(n for n in same if n > root.n)
+    nxt = after[0] if after else None
+    chain_end = next((n for n in after if n > (nxt or 0) + 1), None)   # the end of a chained exception's traceback
+    return prev, nxt, chain_end
+
+
+def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
+                  frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "") -> Verdict:
+    v = Verdict()
+    if root is not None:
+        prev_err, next_err, chain_end = _error_lines(root, roots, cascades)
+        call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving, chain_end)
+        k, call = class_of(root, call)
+        if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
+            call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)
+        if k is None:
+            k = "unknown"
+            notes.append(f"rule {root.rule.id} matched at line {root.n} but the phase ({call.phase or 'unknown'}) "
+                         "has no class in it: not guessing")
+            call = PhaseCall("none", call.basis, call.confidence, call.detail, call.line)
+        v.klass, v.rule, v.message, v.levers = k, root.rule.id, root.rule.message, list(root.rule.levers)
+        v.phase, v.basis, v.basis_kind, v.confidence = call.phase or "none", call.detail, call.basis, call.confidence
+        if call.basis == "likely" or (call.confidence == "low" and k not in contract.NO_MEMORY_FAILURE):
+            v.settle = settle
+            notes.append(f"phase {v.phase} is the most likely one, not seen in the paste; lines that would settle it: "
+                         f"{settle}")
+        return v
+    sig = runtime.classify()
+    if sig is not None:
+        v.klass, v.rule, v.message = sig["class"], sig.get("rule"), sig.get("message", "")
+        v.levers, v.basis = sig.get("levers", []), sig.get("basis", "")
+        v.phase = contract.CLASSES[v.klass]["phase"]
+        v.basis_kind, v.confidence = "serving", "high" if "inferred" not in v.basis else "medium"
+    elif cascades:
+        cascade_verdict(v, cascades, notes)
+    return v
+
+
+def cascade_verdict(v: Verdict, cascades: list[Match], notes: list[str]) -> None:
+    """Only wrappers in the paste: ``cascade_only`` — the root cause was printed by another process (or above the
+    paste); say whose output to fetch and how."""
+    c = cascades[0]
+    proc = c.groups.get("failed_proc") or c.line.proc or ""
+    where = (c.rule.root_in or "the output of the process that failed, above this wrapper {process}").replace(
+        "{process}", f"({proc})" if proc else "")
+    where = " ".join(where.split())
+    v.klass, v.phase, v.rule = "cascade_only", "none", c.rule.id
+    v.fetch = where
+    v.message = f"The root cause is not in this paste: only the wrapper '{c.line.msg.strip()[:160]}' (line {c.n}). Fetch {where}."
+    notes.append(f"the root cause is not in this paste: fetch {where}")
+
+
+def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
+    """The root candidates. A generic fallback ("any FooError: line", a cut traceback) that a rejected request of
+    the same process explains — the rejection is its exception line — is not one."""
+    explained = [(r.n, r.line.process) for r in runtime.rejections]
+
+    def explained_by_rejection(m: Match) -> bool:
+        # its exception line after it; or just before it when a collector exported the lines in reverse order
+        return any(p == m.line.process and -REVERSED_LINES <= n - m.n <= FRAME_WINDOW for n, p in explained)
+
+    return [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and explained_by_rejection(m))]
+
+
+def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str) -> tuple[Match | None, Verdict]:
+    """The root line and the verdict of the matches of one engine (and version)."""
+    milestones = [m for m in keep if m.rule.role == "milestone"]
+    frames = [m for m in keep if m.rule.role == "frame"]
+    cascades = [m for m in keep if m.rule.role == "cascade"]
+    roots = _roots(keep, runtime)
+    root = select_root(roots, cascades)
+    v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
+    if root is not None and root.rule.fallback and v.klass == "unknown":
+        # a generic fallback that nothing places (a cut traceback in unknown frames) is no root: try without it
+        notes.clear()
+        roots = [m for m in roots if m.rule is not root.rule]
+        root = select_root(roots, cascades)
+        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
+    return root, v

@@ -1,0 +1,203 @@
+"""Reading pastes (issue 12): the issue's own examples, the phase basis and confidence, wrapper-only pastes,
+frames as data, serving evidence. Every log is a fixture rendered from vLLM's own format strings."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.diagnose.classify import diagnose_file, diagnose_lines
+from oomdoctor.diagnose.read import SourceInfo
+from oomdoctor.diagnose.rules import build_rule, default_rules, frame_patterns
+from oomdoctor.errors import RuleError
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+FG = LOGS / "field-guide"
+RULES = default_rules()
+
+
+def _diag(path: Path):
+    return diagnose_file(path, RULES)
+
+
+def _lines(path: Path, keep) -> list[tuple[int, str]]:
+    text = path.read_text(encoding="utf-8").splitlines()
+    return [(i + 1, t) for i, t in enumerate(text) if keep(t)]
+
+
+def test_example1_sampler_message_names_its_phase_without_milestones_or_frames():
+    # only the exception line of the paste: before, the rule matched and the tool said "phase unknown"
+    lines = _lines(FG / "vllm-v1-024.log", lambda t: "warming up sampler" in t)
+    assert len(lines) == 1
+    d = diagnose_lines(lines, RULES, SourceInfo(str(FG / "vllm-v1-024.log")))
+    assert (d.klass, d.phase) == ("sampler_warmup_oom", "warmup")
+    assert (d.phase_basis_kind, d.confidence) == ("message", "high")
+    assert d.numbers["sampler_warmup_requests"] == 256
+
+
+def test_example2_cuda_error_at_capture_end_under_vllmworker_rank_prefix():
+    d = _diag(FG / "vllm-v1-020.log")
+    assert (d.klass, d.phase, d.engine) == ("cuda_graph_oom", "cuda_graph", "vllm")
+    assert d.phase_basis_kind == "frames" and "vllm.frame.capture" in d.phase_basis
+    assert d.root.line.proc.startswith("VllmWorker rank=")
+
+
+def test_example3_oom_after_added_request_and_a_500_is_a_runtime_oom():
+    d = _diag(LOGS / "vllm-0.6-formatstrings" / "serving_runtime_oom.log")
+    assert (d.klass, d.phase, d.engine) == ("runtime_oom", "runtime", "vllm")
+    assert (d.phase_basis_kind, d.confidence) == ("serving", "high")
+    assert d.numbers["tried_to_allocate_bytes"] == int(1.27 * 2**30)
+
+
+def test_example4_context_length_is_a_rejection_not_not_memory():
+    d = _diag(FG / "vllm-v1-031.log")
+    assert (d.klass, d.phase) == ("admission_rejection", "admission")
+    assert d.numbers["max_model_len"] == 1700
+
+
+def test_serving_evidence_does_not_move_a_start_up_error():
+    # the same OOM line without the serving lines has no phase evidence: the most likely phase, said so
+    path = LOGS / "vllm-0.6-formatstrings" / "serving_runtime_oom.log"
+    d = diagnose_lines(_lines(path, lambda t: "OutOfMemoryError(" in t), RULES, SourceInfo(str(path)), engine="vllm")
+    assert (d.phase_basis_kind, d.confidence) == ("likely", "low")
+    assert d.klass == "weights_load_oom" and "profile_run" in d.settle
+
+
+def test_bare_oom_line_is_never_unknown_and_names_the_lines_that_settle_it():
+    d = _diag(FG / "vllm-v0p-006.log")
+    assert d.is_memory_failure and d.klass != "unknown"
+    c = d.classification()
+    assert (c["phase_basis"], c["confidence"]) == ("likely", "low")
+    assert "load_model" in c["settled_by"] and "Model loading took" in c["settled_by"]
+
+
+def test_wrapper_only_paste_is_cascade_only_and_says_whose_output_to_fetch():
+    d = _diag(FG / "vllm-v1-006.log")
+    assert d.klass == "cascade_only" and not d.is_memory_failure
+    c = d.classification()
+    assert "engine core" in c["root_cause_in"] and "docker logs" in c["root_cause_in"]
+    clean = _diag(FG / "vllm-v1-047.log")
+    assert clean.klass == "unknown" and "root_cause_in" not in clean.classification()
+
+
+@pytest.mark.slow
+def test_cascade_only_json_and_exit_code(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "oomdoctor", "diagnose", str(FG / "vllm-v1-006.log"), "--json",
+                        "--out", str(tmp_path / "c.yaml")], capture_output=True, text=True)
+    assert r.returncode == 3
+    c = json.loads(r.stdout)["classification"]
+    assert c["class"] == "cascade_only" and "root_cause_in" in c
+
+
+def test_message_before_its_traceback_takes_the_frames_after_it():
+    # NPU OOM printed before "WorkerProc hit an exception." and the traceback through execute_model
+    d = _diag(FG / "vllm-v1-025.log")
+    assert (d.klass, d.phase, d.phase_basis_kind) == ("runtime_oom", "runtime", "frames")
+
+
+def test_cut_traceback_gets_its_phase_from_frames_with_low_confidence():
+    d = _diag(FG / "vllm-v1-002.log")
+    assert (d.klass, d.phase) == ("weights_load_oom", "weights_load")
+    assert d.confidence == "low" and d.rule == "vllm.traceback.cut"
+
+
+def test_engine_from_its_own_message_when_no_detection_string():
+    d = _diag(FG / "vllm-v1-008.log")
+    assert d.engine == "vllm" and d.klass == "free_memory_below_utilization"
+
+
+def test_frames_field_builds_cpython_faulthandler_and_ipython_forms():
+    pats = [p["regex"] for p in frame_patterns(["profile_run", "torch/cuda/graphs.py:capture_end"], "t")]
+    import re
+    lines = ['  File "/x/vllm/v1/worker/gpu_model_runner.py", line 1651, in profile_run',
+             '  File "/x/vllm/worker/model_runner.py", line 12 in profile_run',
+             'File /opt/venv/lib/python3.12/site-packages/vllm/worker/model_runner.py:1298, in GPUModelRunner.profile_run(self)',
+             '  File "/usr/lib/python3/site-packages/torch/cuda/graphs.py", line 84, in capture_end']
+    for t in lines:
+        assert any(re.search(p, t) for p in pats), t
+    assert not any(re.search(p, '  File "/x/y.py", line 3, in profile_run_helper') for p in pats)
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"role": "root", "class": "runtime_oom", "frames": ["x"], "patterns": ["Runtime failure"]}, "role: frame"),
+    ({"role": "root", "class_by_phase": {"runtime": "runtime_oom"}, "likely_phase": "profiling",
+      "patterns": ["Runtime failure"]}, "likely_phase"),
+    ({"role": "root", "class": "runtime_oom", "confidence": "sure", "patterns": ["Runtime failure"]}, "confidence"),
+    ({"role": "frame", "reaches": "runtime", "frames": ["a b"]}, "function name"),
+])
+def test_new_rule_fields_are_checked(bad, msg):
+    with pytest.raises(RuleError, match=msg):
+        build_rule({"id": "vllm.t.x", "engine": "vllm", **bad}, Path("t.yaml"), "vllm")
+
+
+def test_a_few_stray_bytes_do_not_make_a_log_binary(tmp_path):
+    # a real H200 log with a NUL and a broken UTF-8 sequence in the middle keeps its diagnosis
+    raw = (LOGS / "vllm-0.25.1-h200" / "A_fail.log").read_bytes().split(b"\n")
+    raw[len(raw) // 3] += b" \x00 \xff\xfe\xc3"
+    p = tmp_path / "A_fail_stray.log"
+    p.write_bytes(b"\n".join(raw))
+    assert _diag(p).klass == _diag(LOGS / "vllm-0.25.1-h200" / "A_fail.log").klass == "kv_capacity"
+
+
+def test_wrapper_prefixes_are_stripped_before_the_engine_prefix():
+    from oomdoctor.diagnose.parse import parse_line
+    compose = (FG / "vllm-v1-011.log").read_text(encoding="utf-8").splitlines()[0]
+    assert compose.startswith("qwen3-1  | ") and parse_line(1, compose).msg == "vLLM API server version 0.8.5"
+    relog = (FG / "vllm-v1-017.log").read_text(encoding="utf-8").splitlines()[0]
+    line = parse_line(1, relog)
+    assert (line.proc, line.pid) == ("EngineCore", "45102") and line.msg.startswith("torch.OutOfMemoryError: HIP")
+    ray = next(t for t in (FG / "vllm-v0p-007.log").read_text(encoding="utf-8").splitlines() if ", ip=" in t)
+    assert parse_line(1, ray).proc == "NPURayWorkerWrapper"
+
+
+def test_chained_exception_outer_traceback_places_the_oom():
+    # V0: the worker's first traceback shows only execute_model; the chained one shows profile_run
+    d = _diag(FG / "vllm-v0p-010.log")
+    assert (d.klass, d.phase, d.phase_basis_kind) == ("profiling_oom", "profiling", "frames")
+
+
+def test_jupyter_render_is_read_by_its_frames():
+    d = _diag(LOGS / "vllm-0.6-formatstrings" / "jupyter_profiling_oom.log")
+    assert (d.klass, d.phase, d.engine) == ("profiling_oom", "profiling", "vllm")
+    assert d.phase_basis_kind == "frames" and "vllm.frame.profile_run" in d.phase_basis
+
+
+@pytest.mark.parametrize("line,rule", [
+    ("RuntimeError: NPU out of memory. Tried to allocate 2.57 GiB (NPU 2; 60.96 GiB total capacity; 57.49 GiB already "
+     "allocated; 57.49 GiB current active; 1.96 GiB free; 58.12 GiB reserved in total by PyTorch)", "vllm.oom.accelerator"),
+    ("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 1.00 GiB.", "vllm.oom.accelerator"),
+    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 12.95 GiB.", "vllm.oom.accelerator"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB, max allowed: "
+     "18.13 GB). Tried to allocate 256.00 MB on private pool.", "vllm.oom.accelerator"),
+    ("RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+     "memory space hbm.", "vllm.oom.xla"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "vllm.cuda_oom.raw"),
+    ("RuntimeError: CUDA error: out of memory", "vllm.cuda_oom.raw"),
+    ("RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "vllm.oom.cumem"),
+])
+def test_every_accelerator_wording_is_a_memory_failure(tmp_path, line, rule):
+    p = tmp_path / "one.log"
+    p.write_text(line + "\n", encoding="utf-8")
+    d = diagnose_file(p, RULES, engine="vllm")
+    assert d.rule == rule and d.is_memory_failure and d.confidence == "low" and d.phase_basis_kind == "likely"
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 08-16 03:13:02 model_runner.py:1028] CUDA graphs can take additional 1~3 GiB memory per GPU. If you are "
+    "running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode.",
+    "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+])
+def test_decoys_are_not_gpu_memory_failures(tmp_path, line):
+    p = tmp_path / "one.log"
+    p.write_text(line + "\n", encoding="utf-8")
+    assert not diagnose_file(p, RULES, engine="vllm").is_memory_failure
+
+
+def test_worker_step_called_by_the_driver_takes_the_drivers_start_up_frame():
+    # V0 Ray: the worker's traceback shows only execute_model; the driver's shows determine_num_available_blocks
+    d = _diag(FG / "vllm-v0p-008.log")
+    assert (d.klass, d.phase, d.confidence) == ("profiling_oom", "profiling", "medium")
+    assert "calling process" in d.phase_basis
