@@ -52,6 +52,7 @@ class Lever(TypedDict, total=False):
     applies_as: str                    # flag, env, process, server
     explicit_override: bool
     arithmetic: list[str]
+    flag: str                          # the change in the engine's own words (--mem-fraction-static 0.83, num_ctx 4096)
     _score: float                      # ranking only: removed before the lever leaves the engine
     cause: bool                        # ranking only: this setting is what the failure names
 
