@@ -72,10 +72,9 @@ def _floor(spec: dict[str, Any], c: Ctx) -> tuple[float | None, str]:
     if not names:
         return None, ""
     names = [names] if isinstance(names, str) else list(names)
-    vals = [c.n.get(k) for k in names]
-    if any(v is None for v in vals):
+    if any(c.n.get(k) is None for k in names):
         return None, ""
-    return float(sum(vals)), " + ".join(f"{k} {c.n[k]}" for k in names)
+    return float(sum(float(c.n[k]) for k in names)), " + ".join(f"{k} {c.n[k]}" for k in names)
 
 
 def _rounded(v: float, spec: dict[str, Any]) -> float | int:
