@@ -200,7 +200,7 @@ def test_fixture_is_diagnosed_to_its_class(rel):
 
 
 # ----------------------------------------------------------------------------- 3. engine detection
-ENGINE_OF_FOLDER = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tgi": "tgi"}
+ENGINE_OF_FOLDER = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tgi": "tgi", "lmdeploy": "lmdeploy"}
 
 
 def _engine_of(rel: str) -> str | None:
