@@ -16,8 +16,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
                            "engine": c.get("engine")},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
-        "levers": [{k: lv[k] for k in ("id", "change", "predicted", "cost", "rank", "basis", "explicit_override", "arithmetic")
-                    if k in lv} for lv in card["levers"]],
+        "levers": [{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis", "explicit_override",
+                                       "arithmetic") if k in lv} for lv in card["levers"]],
         "engine": card["engine"],
         "phase_reached": card.get("phase_reached"),
         "summary": card.get("summary", ""),
@@ -98,7 +98,7 @@ def _levers(con: Any, card: dict) -> None:
     for lv in card["levers"][:6]:
         pred = lv["predicted"].get("outcome", "")
         extra = ", ".join(f"{k}={_fmt_num(k, v)}" for k, v in lv["predicted"].items() if k != "outcome")
-        change = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
+        change = lv.get("flag") or ", ".join(f"{k}={v}" for k, v in lv["change"].items())
         t.add_row(str(lv["rank"]), Text(lv["id"] + (" (overrides your value)" if lv.get("explicit_override") else "")),
                   Text(change), Text(f"{pred} {extra}".strip()), Text(lv["cost"]))
     con.print(t)

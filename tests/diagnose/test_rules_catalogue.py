@@ -200,7 +200,8 @@ def test_fixture_is_diagnosed_to_its_class(rel):
 
 
 # ----------------------------------------------------------------------------- 3. engine detection
-ENGINE_OF_FOLDER = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tgi": "tgi", "lmdeploy": "lmdeploy"}
+ENGINE_OF_FOLDER = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tgi": "tgi", "lmdeploy": "lmdeploy",
+                    "ollama": "ollama"}
 
 
 def _engine_of(rel: str) -> str | None:
@@ -218,7 +219,7 @@ def test_fixture_is_detected_as_its_engine(rel):
     # and no other engine's detection string occurs in it at all
     text = (LOGS / rel).read_text(encoding="utf-8", errors="replace")
     for other, spec in RULESET.engines.items():
-        if other == engine:
+        if other == engine or other in RULESET.engines[engine].embeds:   # Ollama's log carries llama.cpp's lines
             continue
         hits = [s for s in spec.detect if s in text]
         assert not hits, f"{rel} ({engine}) contains {other}'s detection strings {hits}"
