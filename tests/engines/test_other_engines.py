@@ -234,7 +234,7 @@ def test_a_log_of_an_engine_that_embeds_llamacpp_is_that_engines() -> None:
 
 def test_every_rule_of_the_other_engines_has_a_positive_and_a_negative_case() -> None:
     for r in RULESET.rules:
-        if r.engine not in ("ollama", "tgi", "tensorrt_llm", "lmdeploy") or r.role == "frame":
+        if r.engine not in OTHER_ENGINES or r.role == "frame":
             continue
         expects = {t.get("expect", "match") for t in r.tests}
         assert "match" in expects, r.id
