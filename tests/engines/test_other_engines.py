@@ -21,7 +21,7 @@ from oomdoctor.diagnose.rules import load_rules
 from oomdoctor.levers import engine as levermod
 from oomdoctor.levers.context import Ctx
 from oomdoctor.levers.flags import engine_words, flag_for
-from oomdoctor.levers.per_engine import engine_table, propose_engine, value_of
+from oomdoctor.levers.per_engine import SPEC_KEYS, _spec, engine_table, propose_engine, value_of
 from oomdoctor.paths import ENGINES_DIR, rules_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,6 +212,8 @@ def test_lever_table_is_consistent_data(engine: str) -> None:
         for entry in entries:
             lid = entry if isinstance(entry, str) else entry["id"]
             assert lid in contract.LEVERS and (lid in table["levers"] or lid in ("larger_gpu", "free_other_processes"))
+            _, spec = _spec(table, entry)          # raises on a key the lever engine does not know
+            assert set(spec) <= SPEC_KEYS
     # every setting's words render
     for setting in settings:
         assert flag_for(engine, setting, 1) is not None
