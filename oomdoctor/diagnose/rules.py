@@ -192,7 +192,7 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     if not isinstance(embeds, list) or not all(isinstance(x, str) and x and x != engine for x in embeds):
         raise RuleError(f"{where}: 'embeds' must be a list of other engines' names")
     return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters),
-                      list(embeds))
+                      embeds=list(embeds))
 
 
 def _load_yaml(path: Path) -> Any:
