@@ -16,7 +16,8 @@ def build_card(log: Path, diag: Any, device_state: dict, extra_notes: list[str] 
     wl = from_log(log, diag.matches, diag.engine)
     nums = dict(diag.numbers)
     # the matched rule lists the levers that apply to its failure (data); the lever engine ranks them
-    levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=diag.levers or None)
+    levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=diag.levers or None,
+                               engine=diag.engine)
     summary = diag.message.split(". ")[0].strip() if diag.message else ""
     if diag.klass == "unknown" and not diag.root:
         summary = "; ".join(diag.notes[:1]) or "no failure found in the log"

@@ -56,6 +56,7 @@ class Lever(TypedDict, total=False):
     explicit_override: bool
     arithmetic: list[str]
     needs_hardware: str                # the device cannot apply it (more GPUs, another GPU): never run, listed last
+    flag: str                          # the change in the engine's own words (--mem-fraction-static 0.83, num_ctx 4096)
     _score: float                      # ranking only: removed before the lever leaves the engine
     cause: bool                        # ranking only: this setting is what the failure names
 

@@ -126,8 +126,9 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
     ver, ver_line = engine_version_of(ruleset, eng, versions, engine_version)
     if eng is None:
         notes.append("no engine recognised in the log; rules of every engine were tried")
-    keep = [m for m in matches if (eng is None or m.rule.engine == eng) and m.rule.applies_to(ver)]
-    runtime.select(lambda e, versions: (eng is None or e == eng) and (ver is None or version_in(ver, versions)))
+    fam = ruleset.family(eng)
+    keep = [m for m in matches if (fam is None or m.rule.engine in fam) and m.rule.applies_to(ver)]
+    runtime.select(lambda e, versions: (fam is None or e in fam) and (ver is None or version_in(ver, versions)))
     if metrics_text is not None:
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
@@ -147,7 +148,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, s
         evidence=evidence, numbers=numbers, numbers_source=numbers_source, numbers_by_process=by_proc,
         phase_reached=phase_reached, phase_basis=v.basis, levers=v.levers, matches=keep,
         runtime=runtime.summary(), notes=notes,
-        hits={k: h for k, h in hits.items() if eng is None or h["engine"] == eng},
+        hits={k: h for k, h in hits.items() if fam is None or h["engine"] in fam},
         phase_basis_kind=v.basis_kind, confidence=v.confidence, settle=v.settle, fetch=v.fetch,
     )
 

@@ -88,7 +88,9 @@ def choose_engine(ruleset: RuleSet, counts: dict[str, int], versions: dict[str, 
         return forced
     best = max(counts.items(), key=lambda kv: (kv[1], kv[0] in versions), default=(None, 0))
     if best[1] > 0:
-        return best[0]
+        # a log of an engine that embeds another (Ollama's runner prints llama.cpp's lines) is that engine's
+        wrappers = [e for e, spec in ruleset.engines.items() if best[0] in spec.embeds and counts.get(e, 0) > 0]
+        return max(wrappers, key=lambda e: counts[e]) if wrappers else best[0]
     if versions:
         return next(iter(versions))
     return None

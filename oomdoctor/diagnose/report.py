@@ -17,8 +17,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
                            **{k: c[k] for k in ("phase_basis", "confidence", "settled_by", "root_cause_in") if k in c}},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
-        "levers": [{k: lv[k] for k in ("id", "change", "predicted", "cost", "rank", "basis", "explicit_override", "arithmetic")
-                    if k in lv} for lv in card["levers"]],
+        "levers": [{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis", "explicit_override",
+                                       "arithmetic") if k in lv} for lv in card["levers"]],
         "engine": card["engine"],
         "phase_reached": card.get("phase_reached"),
         "summary": card.get("summary", ""),

@@ -28,7 +28,8 @@ RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_pha
              "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "notes"}
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "embeds",
+               "notes"}
 _FUNC_RE = re.compile(r"[A-Za-z_<][\w<>]*")
 
 
@@ -245,7 +246,11 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     counters = d.get("preemption_counters") or []
     if not isinstance(counters, list) or not all(isinstance(x, str) and x for x in counters):
         raise RuleError(f"{where}: 'preemption_counters' must be a list of Prometheus metric names")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters))
+    embeds = d.get("embeds") or []
+    if not isinstance(embeds, list) or not all(isinstance(x, str) and x and x != engine for x in embeds):
+        raise RuleError(f"{where}: 'embeds' must be a list of other engines' names")
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters),
+                      embeds=list(embeds))
 
 
 def _load_yaml(path: Path) -> Any:

@@ -153,12 +153,21 @@ class EngineSpec:
     path: str
     # Prometheus counters of preemptions this engine exports (--metrics), the canonical name first
     preemption_counters: list[str] = field(default_factory=list)
+    # engines whose output this engine's log carries verbatim (Ollama runs llama.cpp): their rules apply too
+    embeds: list[str] = field(default_factory=list)
 
 
 @dataclass
 class RuleSet:
     engines: dict[str, EngineSpec]
     rules: list[Rule]
+
+    def family(self, engine: str | None) -> set[str] | None:
+        """The engines whose rules apply to a log of ``engine``: itself and those it embeds (None: every engine)."""
+        if engine is None:
+            return None
+        spec = self.engines.get(engine)
+        return {engine, *(spec.embeds if spec else [])}
 
     def for_engine(self, engine: str, version: str | None = None) -> list[Rule]:
         return [r for r in self.rules if r.engine == engine and r.applies_to(version)]

@@ -44,6 +44,8 @@ def paste_text(engine: str, launcher: str | None, model: str | None, lever: dict
         return []
     words = [flag_for(engine, k, v, launcher) for k, v in change.items()]
     if any(w is None for w in words):
+        if lever.get("flag"):                       # the lever engine wrote it in the engine's words already
+            return [str(lever["flag"])]
         return [", ".join(f"{k} = {_value(k, v)}" for k, v in change.items())]
     flags = [str(w) for w in words]
     env = [f for f in flags if _ENV_RE.match(f)]
