@@ -23,7 +23,7 @@ from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.scan import scan
+from oomdoctor.diagnose.scan import scan_blocks
 
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
 FRAME_WINDOW = 800           # how far back traceback frames are looked for
@@ -185,7 +185,7 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
 
 
-def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, source: SourceInfo,
+def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: RuleSet, source: SourceInfo,
                    engine: str | None = None, engine_version: str | None = None,
                    metrics_text: str | None = None) -> Diagnosis:
     runtime = RuntimeTracker()
@@ -286,5 +286,5 @@ def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None,
                   metrics_text: str | None = None, scanner: str = "auto") -> Diagnosis:
     info = SourceInfo(str(path))
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
-    lines = scan(path, anchors, info, engine=scanner)
+    lines = scan_blocks(path, anchors, info, engine=scanner)
     return diagnose_lines(lines, ruleset, info, engine=engine, engine_version=engine_version, metrics_text=metrics_text)

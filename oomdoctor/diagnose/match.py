@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from oomdoctor.diagnose import parse
 from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
-from oomdoctor.diagnose.shapes import MASK, SLOW, Plan, SignalSlot, digit_uniform, mask, number_slots
+from oomdoctor.diagnose.shapes import MASK, SLOW, Plan, SignalSlot, digit_uniform, mask, number_slots, ts_span
 from oomdoctor.diagnose.signals import TRACKED_NUMBERS, RuntimeTracker, Sample, fold_many, samples_numbers
 from oomdoctor.errors import BadInput
 
@@ -49,6 +49,7 @@ class LineMatcher:
                 by_anchor.setdefault(p.anchor, []).append(r)
         self._anchor_items = list(by_anchor.items())
         self._plans: dict[bytes, Plan] = {}
+        self._order: dict[int, tuple[RuntimeTracker, list[bytes]]] = {}
         self._uniform = {r.id for r in rules if all(digit_uniform(p.regex) for p in r.patterns)}
         self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE)) and \
             all(digit_uniform(vp) for e in engines for vp in e.version_patterns)
@@ -120,7 +121,13 @@ class LineMatcher:
             if slots is None or any(not x.plain for x in slots if x.name in TRACKED_NUMBERS):
                 return SLOW
             signals.append(SignalSlot(r, slots, self.runtime.bucket(r)))
-        return Plan(k, tuple(detected), signals, [s for s in signals if samples_numbers(s)], [])
+        samplers = [s for s in signals if samples_numbers(s)]
+        if len(samplers) > 1:
+            return SLOW
+        plan = Plan(k, tuple(detected), signals, samplers[0] if samplers else None, ts_span(line.text), [])
+        if plan.sampler is not None:
+            plan.order = self._order.setdefault(id(plan.sampler.bucket), (plan.sampler.bucket, []))[1]
+        return plan
 
     def _learn(self, key: bytes, rec: bytes) -> None:
         k = key.find(b":") + 1
@@ -141,27 +148,47 @@ class LineMatcher:
         return Match(slot.rule, line, slot.rule.extract(m),
                      {g: intern(v) for g, v in m.groupdict().items() if v is not None})
 
-    def _take_sample(self, slot: SignalSlot, rec: bytes, k: int) -> None:
-        mt = self._materialize(slot, rec, k)
-        if mt is not None:
-            nums = mt.numbers
-            slot.bucket.keep_sample(Sample(mt.n, mt.line.ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
-                                           nums.get("waiting_reqs"), nums.get("preemptions")))
+    def _sample_of(self, rec: bytes) -> Sample:
+        key = rec.translate(MASK)
+        plan = self._plans[key]
+        slot, k = plan.sampler, plan.offset
+        assert slot is not None
+        nums = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
+                for x in slot.numbers if x.name in TRACKED_NUMBERS}
+        ts = rec[plan.ts[0] + k:plan.ts[1] + k].decode() if plan.ts else ""
+        return Sample(int(rec[:k - 1]), ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
+                      nums.get("waiting_reqs"), nums.get("preemptions"))
+
+    def _flush_samples(self) -> None:
+        """Each bucket's timeline takes every ``_stride``-th stats line in line order (RuntimeTracker._sample);
+        the fast lines of all shapes of a bucket wait here in that order."""
+        for b, recs in self._order.values():
+            if not recs:
+                continue
+            seen0, n = b._seen, len(recs)
+            j = (-seen0) % b._stride
+            while j < n:
+                b.keep_sample(self._sample_of(recs[j]))       # may double the stride
+                j += 1
+                j += (-(seen0 + j)) % b._stride
+            b._seen = seen0 + n
+            recs.clear()
 
     def add_records(self, keys: list[bytes], recs: list[bytes]) -> None:
         """Records ``N:line`` (grep -n's form; no newline, no carriage return, not cut) with their masks."""
         get = self._plans.get
         for key, rec in zip(keys, recs):
             plan = get(key)
-            if plan is None:
-                self._learn(key, rec)
-            elif plan.pending is None:
-                self._slow(key, rec)
-            else:
-                plan.pending.append(rec)
-                for slot in plan.samplers:
-                    if slot.bucket.count_sample():
-                        self._take_sample(slot, rec, plan.offset)
+            if plan is None or plan.pending is None:
+                self._flush_samples()                 # the full matcher samples in place: the waiting ones first
+                if plan is None:
+                    self._learn(key, rec)
+                else:
+                    self._slow(key, rec)
+                continue
+            plan.pending.append(rec)
+            if plan.order is not None:
+                plan.order.append(rec)
         self.flush()
 
     def add_block(self, block: bytes) -> None:
@@ -169,6 +196,7 @@ class LineMatcher:
         self.add_records(block.translate(MASK).split(b"\n"), block.split(b"\n"))
 
     def flush(self) -> None:
+        self._flush_samples()
         for plan in self._plans.values():
             pending = plan.pending
             if not pending:
@@ -201,7 +229,7 @@ class LineMatcher:
             self.add_records(keys, recs)
 
 
-def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], engines: list[EngineSpec],
+def match_lines(lines: Iterable[tuple[int, bytes | str] | bytes], rules: list[Rule], engines: list[EngineSpec],
                 runtime: RuntimeTracker, hits: dict[str, dict]) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
     """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions);
     ``hits`` receives, per rule id, the first matching line, its numbers and the match count.

@@ -131,11 +131,25 @@ class Plan:
     offset: int = 0                             # bytes of the record's "N:" prefix
     detect: tuple[str, ...] = ()
     signals: list[SignalSlot] = field(default_factory=list)
-    samplers: list[Any] = field(default_factory=list)   # buckets whose timeline samples this line
+    sampler: SignalSlot | None = None           # the one signal whose bucket's timeline samples this line
+    ts: tuple[int, int] | None = None           # the span of the logging header's time stamp
     pending: list[bytes] | None = None
+    order: list[bytes] | None = None            # the sampler bucket's lines in line order (LineMatcher._order)
 
 
 SLOW = Plan()
+
+
+def ts_span(text: str) -> tuple[int, int] | None:
+    """Where parse.parse_line takes a line's time stamp from (its own order of the two header regexes)."""
+    from oomdoctor.diagnose.parse import SGLANG_RE, VLLM_RE
+
+    m = SGLANG_RE.match(text) if text.startswith("[") else None
+    if m is None:
+        m = VLLM_RE.match(text)
+    if m is None or m.group("ts") is None:
+        return None
+    return m.span("ts")
 
 
 def number_slots(rule: Any, m: re.Match, text_offset: int, raw: bytes) -> list[NumberSlot] | None:
