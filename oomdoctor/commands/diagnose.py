@@ -30,9 +30,10 @@ from oomdoctor import contract
 @click.option("--rules", "rules_path", type=click.Path(path_type=Path), default=None, help="Rules folder.")
 @click.option("--scanner", type=click.Choice(["auto", "grep", "python"]), default="auto", show_default=True,
               help="How lines are pre-filtered: grep (fast) or pure Python.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (there is none under --json either).")
 def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: str | None, engine_version: str | None,
             metrics: str | None, snapshot: Path | None, plot_path: Path | None, model_dir: Path | None,
-            gpu_memory: str | None, no_device: bool, rules_path: Path | None, scanner: str) -> int:
+            gpu_memory: str | None, no_device: bool, rules_path: Path | None, scanner: str, quiet: bool) -> int:
     """Classify the memory failure in LOG (plain or .gz) and write an incident card.
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
@@ -42,7 +43,8 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
 
     card, path, diag = diagnose_log(log, out=out, no_card=no_card, engine=engine, engine_version=engine_version,
                                     metrics=metrics, snapshot=snapshot, plot_path=plot_path, model_dir=model_dir,
-                                    gpu_memory=gpu_memory, no_device=no_device, rules_path=rules_path, scanner=scanner)
+                                    gpu_memory=gpu_memory, no_device=no_device, rules_path=rules_path, scanner=scanner,
+                                    progress=not (quiet or as_json))
     if as_json:
         print_json(contract_json(dict(card), str(path) if path else None))
     else:

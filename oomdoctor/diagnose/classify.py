@@ -283,8 +283,9 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
 
 
 def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None, engine_version: str | None = None,
-                  metrics_text: str | None = None, scanner: str = "auto") -> Diagnosis:
+                  metrics_text: str | None = None, scanner: str = "auto", progress: Any = None) -> Diagnosis:
+    """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None."""
     info = SourceInfo(str(path))
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
-    lines = scan_blocks(path, anchors, info, engine=scanner)
+    lines = scan_blocks(path, anchors, info, engine=scanner, progress=progress)
     return diagnose_lines(lines, ruleset, info, engine=engine, engine_version=engine_version, metrics_text=metrics_text)

@@ -62,7 +62,7 @@ def _read_plain(path: Path, out: dict) -> None:
     """Thread: sha256, size, line count and over-long lines of a plain file (grep reads it itself)."""
     try:
         h = hashlib.sha256()
-        tally = _Tally()
+        tally = out["tally"] = _Tally()         # read by the progress line while it counts
         with open(path, "rb") as f:
             while True:
                 buf = f.read(CHUNK)
@@ -125,7 +125,7 @@ def _inflate(f, h) -> Iterator[bytes]:
 def _feed_gzip(path: Path, sink, out: dict) -> None:
     """Thread: hash the .gz as stored, decompress it, count its lines and write it to grep's stdin."""
     h = hashlib.sha256()
-    tally = _Tally()
+    tally = out["tally"] = _Tally()
     fd = sink.fileno() if hasattr(sink, "raw") else None
     try:
         with open(path, "rb") as f:

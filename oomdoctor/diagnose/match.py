@@ -153,7 +153,7 @@ class LineMatcher:
         plan = self._plans[key]
         slot, k = plan.sampler, plan.offset
         assert slot is not None
-        nums = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
+        nums: dict[str, Any] = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
                 for x in slot.numbers if x.name in TRACKED_NUMBERS}
         ts = rec[plan.ts[0] + k:plan.ts[1] + k].decode() if plan.ts else ""
         return Sample(int(rec[:k - 1]), ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),

@@ -31,6 +31,7 @@ from typing import IO, Iterable, Iterator
 
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.feed import _feed_gzip, _read_plain
+from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import MAX_LINE_BYTES, SourceInfo, iter_lines, probe
 
 
@@ -165,6 +166,14 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tupl
         yield from _grep_records(io.BytesIO(carry), rx)
 
 
+def _last_line(item: bytes | tuple[int, bytes]) -> int:
+    """The number of the last line in a ``_grep_blocks`` item: how far the matcher has come."""
+    if isinstance(item, tuple):
+        return item[0]
+    start = item.rfind(b"\n") + 1
+    return int(item[start:item.find(b":", start)])
+
+
 def pairs_of(items: Iterable[bytes | tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     """(N, line) pairs of ``_grep_blocks``' items."""
     for item in items:
@@ -194,8 +203,8 @@ def _stop_grep(proc: subprocess.Popen[bytes] | None, worker: threading.Thread, p
         os.unlink(pattern_file)
 
 
-def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo,
-                grep: str) -> Iterator[bytes | tuple[int, bytes]]:
+def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, grep: str,
+                progress: Progress | None = None) -> Iterator[bytes | tuple[int, bytes]]:
     path = Path(path)
     gz, _ = probe(path)
     info.compressed = gz
@@ -206,9 +215,15 @@ def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceI
     worker.start()
     try:
         if proc is not None and proc.stdout is not None:
-            yield from _grep_blocks(proc.stdout, rx)
+            for item in _grep_blocks(proc.stdout, rx):
+                yield item
+                if progress is not None and "tally" in side:
+                    progress.update(side["tally"].offset, _last_line(item))
             proc.wait()
         worker.join()
+        if progress is not None:
+            tally = side.get("tally")
+            progress.done(tally.offset if tally is not None else 0, side.get("lines", 0))
         if "error" in side:
             raise BadInput(f"{path}: {side['error']}")
         if proc is not None and proc.returncode not in (0, 1):
@@ -249,11 +264,24 @@ def scan(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo | N
     return scan_grep(path, anchors, info, grep) if grep else scan_python(path, anchors, info)
 
 
+def _python_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo,
+                  progress: Progress | None) -> Iterator[tuple[int, bytes]]:
+    n = 0
+    for n, line in scan_python(path, anchors, info):
+        yield n, line
+        if progress is not None and not n % 4096:
+            progress.update(info.size_bytes, n)
+    if progress is not None:
+        progress.done(info.size_bytes, info.lines)
+
+
 def scan_blocks(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo | None = None,
-                engine: str = "auto") -> Iterator[bytes | tuple[int, bytes]]:
+                engine: str = "auto", progress: Progress | None = None) -> Iterator[bytes | tuple[int, bytes]]:
     """What ``scan`` finds, in the matcher's fast form: blocks of grep ``N:line`` records (``bytes`` items) and
-    (number, line) pairs (see ``match.match_lines``)."""
+    (number, line) pairs (see ``match.match_lines``). ``progress`` gets the bytes and lines read as they go."""
     info = info if info is not None else SourceInfo(str(path))
     anchors = list(anchors)
     grep = _grep_for(anchors, engine)
-    return _grep_items(path, anchors, info, grep) if grep else scan_python(path, anchors, info)
+    if grep:
+        return _grep_items(path, anchors, info, grep, progress)
+    return _python_items(path, anchors, info, progress) if progress is not None else scan_python(path, anchors, info)
