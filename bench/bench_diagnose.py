@@ -104,27 +104,39 @@ def importtime_check(py: str, small: Path) -> dict:
             "heavy_seen": heavy, "top_level_us": {n: us for n, us, _ in top}, "rc": r.returncode}
 
 
-def measure_log(name: str, path: Path, meta: dict, pattern: str, tools: dict, repeat: int, env: dict,
-                gz: bool = False) -> dict:
+def _summary(runs: list[dict]) -> dict:
+    walls = [r["wall_s"] for r in runs]
+    return {"walls_s": [round(w, 3) for w in walls], "median_s": round(statistics.median(walls), 3),
+            "maxrss_mb": round(max(r["maxrss_mb"] for r in runs), 1), "rc": runs[-1]["rc"],
+            "stdout": runs[-1]["stdout"]}
+
+
+def measure_log(path: Path, meta: dict, pattern: str, tools: dict, n: int, env: dict, gz: bool = False) -> dict:
+    """The baselines and diagnose, run in turns (baseline, diagnose, baseline, ...) so that a change of the load of
+    a shared machine falls on both alike; medians of ``n``."""
     subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)     # warm the page cache
-    diag_cmd = [sys.executable, "-m", "oomdoctor", "diagnose", str(path), "--no-card", "--no-device", "--json"]
-    base = {}
+    cmds = {}
     if gz:
-        base["zcat | grep -c -E"] = ["sh", "-c", f"zcat '{path}' | {tools['grep']} -c -E \"$P\""]
+        cmds["zcat | grep -c -E"] = ["sh", "-c", f"zcat '{path}' | {tools['grep']} -c -E \"$P\""]
     else:
-        base["grep -c -E"] = [tools["grep"], "-c", "-E", pattern, str(path)]
+        cmds["grep -c -E"] = [tools["grep"], "-c", "-E", pattern, str(path)]
         if tools["rg"]:
-            base["rg -c"] = [tools["rg"], "-c", "--no-config", "-a", pattern, str(path)]
-    runs = {k: repeat(cmd, repeat, dict(env, P=pattern)) for k, cmd in base.items()}
-    d = repeat(diag_cmd, repeat, dict(env, PYTHONDONTWRITEBYTECODE="1"))
-    check = check_diagnosis(d["stdout"], meta)
+            cmds["rg -c"] = [tools["rg"], "-c", "--no-config", "-a", pattern, str(path)]
+    cmds["diagnose"] = [sys.executable, "-m", "oomdoctor", "diagnose", str(path), "--no-card", "--no-device", "--json"]
+    runs: dict[str, list[dict]] = {k: [] for k in cmds}
+    for _ in range(n):
+        for k, cmd in cmds.items():
+            runs[k].append(run_measured(cmd, dict(env, P=pattern, PYTHONDONTWRITEBYTECODE="1")))
+    d = _summary(runs.pop("diagnose"))
     size_mb = path.stat().st_size / 1e6
     out = {"log": str(path), "size_mb": round(size_mb, 1), "lines": meta["lines"], "stats_lines": meta["stats_lines"],
-           "diagnose": {"median_s": d["median_s"], "walls_s": d["walls_s"], "maxrss_mb": d["maxrss_mb"], "rc": d["rc"],
-                        "mb_per_s": round(size_mb / d["median_s"], 1), **check}, "baselines": {}}
-    for k, r in runs.items():
-        out["baselines"][k] = {"median_s": r["median_s"], "walls_s": r["walls_s"], "count": r["stdout"].strip(),
-                               "ratio": round(d["median_s"] / r["median_s"], 2) if r["median_s"] else None}
+           "diagnose": {k: d[k] for k in ("median_s", "walls_s", "maxrss_mb", "rc")},
+           "baselines": {}}
+    out["diagnose"].update(mb_per_s=round(size_mb / d["median_s"], 1), **check_diagnosis(d["stdout"], meta))
+    for k, rs in runs.items():
+        b = _summary(rs)
+        out["baselines"][k] = {"median_s": b["median_s"], "walls_s": b["walls_s"], "count": b["stdout"].strip(),
+                               "ratio": round(d["median_s"] / b["median_s"], 2) if b["median_s"] else None}
     return out
 
 
@@ -178,7 +190,7 @@ def main() -> int:
                                     ("stats.log", OUT / "stats.log", metas["stats"], False),
                                     ("stats.log.gz", gz, metas["stats"], True)):
         print(f"timing {name} ...", flush=True)
-        res["logs"][name] = measure_log(name, path, meta, pattern, tools, a.repeat, env, gz=is_gz)
+        res["logs"][name] = measure_log(path, meta, pattern, tools, a.repeat, env, gz=is_gz)
     res["small_log"] = small_log(env)
     res["targets"] = {
         "ratio_le_1_5": all(list(r["baselines"].values())[0]["ratio"] <= TARGET_RATIO for r in res["logs"].values()),
