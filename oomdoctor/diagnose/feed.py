@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from oomdoctor.diagnose.read import CHUNK, GZIP_MAGIC, MAX_LINE_BYTES
+from oomdoctor.errors import BadInput
 
 
 class _Tally:
@@ -122,23 +125,25 @@ def _inflate(f, h) -> Iterator[bytes]:
         raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
 
-def _feed_gzip(path: Path, sink, out: dict) -> None:
-    """Thread: hash the .gz as stored, decompress it, count its lines and write it to grep's stdin."""
+def _feed_compressed(path: Path, sink, out: dict, chunks: Callable, what: str) -> None:
+    """Thread: hash the file as stored, decompress it (``chunks(f, h)``), count its lines, write it to grep's stdin."""
     h = hashlib.sha256()
     tally = out["tally"] = _Tally()
     fd = sink.fileno() if hasattr(sink, "raw") else None
     try:
         with open(path, "rb") as f:
-            for data in _inflate(f, h):
+            for data in chunks(f, h):
                 tally.feed(data)
                 view = memoryview(data)
                 while view:                    # os.write: no buffer lock left held if grep is killed mid-write
                     view = view[os.write(fd, view):] if fd is not None else view[sink.write(view):]
-            out["size"] = f.tell()
+            out["size"] = os.fstat(f.fileno()).st_size
         out["sha256"] = h.hexdigest()
         out["lines"], out["cut_lines"] = tally.finish()
     except (EOFError, zlib.error) as e:
-        out["error"] = f"truncated or corrupt gzip file ({e})"
+        out["error"] = f"truncated or corrupt {what} file ({e})"
+    except BadInput as e:
+        out["error"] = str(e)
     except (BrokenPipeError, ValueError, OSError) as e:      # grep went away (early stop), or the file did
         out["quiet_error"] = str(e)
     finally:
@@ -146,3 +151,100 @@ def _feed_gzip(path: Path, sink, out: dict) -> None:
             sink.close()
         except OSError:
             pass
+
+
+def _feed_gzip(path: Path, sink, out: dict) -> None:
+    _feed_compressed(path, sink, out, _inflate, "gzip")
+
+
+def _feed_zstd(path: Path, sink, out: dict) -> None:
+    _feed_compressed(path, sink, out, unzstd, "zstd")
+
+
+# ----------------------------------------------------------------------------- zstd
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def is_zstd(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ZSTD_MAGIC
+    except OSError:
+        return False
+
+
+class _Hashed:
+    """A file that feeds what is read from it into ``h`` (the sha256 of the file as stored)."""
+
+    def __init__(self, f: BinaryIO, h: Any) -> None:
+        self.f, self.h = f, h
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n)
+        self.h.update(b)
+        return b
+
+
+def unzstd(f: BinaryIO, h: Any) -> Iterator[bytes]:
+    """The decompressed bytes of a .zst log (every frame), streamed: by the zstandard package when it is installed
+    (``pip install 'oomdoctor[zstd]'``), else by the zstd program. ``h`` hashes the file as stored."""
+    try:
+        import zstandard  # type: ignore[import-not-found]
+    except ImportError:
+        zstandard = None
+    if zstandard is not None:
+        reader = zstandard.ZstdDecompressor().stream_reader(_Hashed(f, h), read_across_frames=True)
+        try:
+            while chunk := reader.read(CHUNK):
+                yield chunk
+        except zstandard.ZstdError as e:
+            raise EOFError(str(e))
+        return
+    exe = shutil.which("zstd")
+    if exe is None:
+        raise BadInput(f"{getattr(f, 'name', 'the log')}: a zstd-compressed log needs the zstd program or the Python "
+                       "package zstandard (pip install 'oomdoctor[zstd]')")
+    while buf := f.read(CHUNK):                     # the program reads the file itself: hash it first
+        h.update(buf)
+    proc = subprocess.Popen([exe, "-dcq", "--", str(f.name)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        while chunk := proc.stdout.read(CHUNK):
+            yield chunk
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.wait() != 0:
+            raise EOFError(err or f"zstd exit {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def zstd_lines(path: Path, info: Any) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of a .zst log, cut and numbered as read.iter_lines does (the pure-Python scanner's input)."""
+    h = hashlib.sha256()
+    tally = _Tally()
+    n, rest = 0, b""
+    info.compressed = True
+    try:
+        with open(path, "rb") as f:
+            for data in unzstd(f, h):
+                tally.feed(data)
+                parts = (rest + data).split(b"\n")
+                rest = parts.pop()
+                for line in parts:
+                    n += 1
+                    yield n, line[:MAX_LINE_BYTES].rstrip(b"\r\n")
+                if len(rest) > MAX_LINE_BYTES:         # an over-long line: keep only what is searched
+                    rest = rest[:MAX_LINE_BYTES]
+            if rest:
+                n += 1
+                yield n, rest[:MAX_LINE_BYTES].rstrip(b"\r\n")
+            info.size_bytes = os.fstat(f.fileno()).st_size
+    except (EOFError, zlib.error) as e:
+        raise BadInput(f"{path}: truncated or corrupt zstd file after line {n} ({e})")
+    info.sha256 = h.hexdigest()
+    info.lines, info.cut_lines = tally.finish()

@@ -12,16 +12,16 @@ AFTER_S = 1.0
 
 
 class Progress:
-    def __init__(self, total_bytes: int | None = None, stream: TextIO | None = None, after_s: float = AFTER_S,
+    def __init__(self, total_bytes: int | None = None, stream: TextIO | None = None, after_s: float | None = None,
                  clock=time.monotonic) -> None:
         self.total = total_bytes
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every = 0.25 if self.tty else 5.0
-        self.after = after_s
+        self.after = AFTER_S if after_s is None else after_s
         self.clock = clock
         self.t0 = clock()
-        self.next = self.t0 + after_s
+        self.next = self.t0 + self.after
         self.shown = False
 
     def line(self, bytes_read: int, lines: int) -> str:

@@ -27,10 +27,10 @@ import tempfile
 import threading
 import zlib
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 from oomdoctor.errors import BadInput
-from oomdoctor.diagnose.feed import _feed_gzip, _read_plain
+from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd, zstd_lines
 from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import MAX_LINE_BYTES, SourceInfo, iter_lines, probe
 
@@ -42,7 +42,8 @@ def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:
 
 def scan_python(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo) -> Iterator[tuple[int, bytes]]:
     rx = _anchor_regex(anchors)
-    for n, line in iter_lines(path, info):
+    lines = zstd_lines(Path(path), info) if is_zstd(Path(path)) else iter_lines(path, info)
+    for n, line in lines:
         if rx.search(line):
             yield n, line
 
@@ -53,16 +54,18 @@ def _ere(anchors: list[bytes]) -> bytes:
     return b"|".join(re.sub(rb"([.\[\]()*+?{}|^$\\])", rb"\\\1", a) for a in anchors)
 
 
-def _start_grep(path: Path, anchors: list[bytes], gz: bool, grep: str,
+def _start_grep(path: Path, anchors: list[bytes], gz: Callable | bool, grep: str,
                 side: dict) -> tuple[subprocess.Popen[bytes] | None, threading.Thread, str | None]:
-    """grep over the file (or over the gunzipped stream fed to its stdin), and the thread that hashes and counts
-    the file meanwhile. Returns (grep process or None when there is nothing to look for, thread, pattern file)."""
+    """grep over the file (or over the decompressed stream fed to its stdin; ``gz``: True for gzip, or the feeding
+    function, e.g. feed._feed_zstd), and the thread that hashes and counts the file meanwhile. Returns (grep process
+    or None when there is nothing to look for, thread, pattern file)."""
+    feeder = gz if callable(gz) else _feed_gzip
     env = dict(os.environ, LC_ALL="C")
     env.pop("GREP_OPTIONS", None)            # old greps read options from it (e.g. --color=always)
     # an anchor holding a newline can never match a line (python path neither); drop it from grep's pattern
     grep_anchors = [a for a in anchors if b"\n" not in a]
     if not grep_anchors:                     # nothing to look for: still hash and count
-        worker = threading.Thread(target=(_feed_gzip if gz else _read_plain),
+        worker = threading.Thread(target=(feeder if gz else _read_plain),
                                   args=((path, io.BytesIO(), side) if gz else (path, side)), daemon=True)
         return None, worker, None
     with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
@@ -71,7 +74,7 @@ def _start_grep(path: Path, anchors: list[bytes], gz: bool, grep: str,
     cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
     if gz:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        worker = threading.Thread(target=_feed_gzip, args=(path, proc.stdin, side), daemon=True)
+        worker = threading.Thread(target=feeder, args=(path, proc.stdin, side), daemon=True)
     else:
         proc = subprocess.Popen(cmd + ["--", str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env)
@@ -206,8 +209,8 @@ def _stop_grep(proc: subprocess.Popen[bytes] | None, worker: threading.Thread, p
 def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, grep: str,
                 progress: Progress | None = None) -> Iterator[bytes | tuple[int, bytes]]:
     path = Path(path)
-    gz, _ = probe(path)
-    info.compressed = gz
+    gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
+    info.compressed = bool(gz)
     anchors = sorted({a for a in anchors if a})
     rx = _anchor_regex(anchors)
     side: dict = {}
