@@ -128,8 +128,8 @@ def measure_log(path: Path, meta: dict, pattern: str, tools: dict, n: int, env: 
         for k, cmd in cmds.items():
             runs[k].append(run_measured(cmd, dict(env, P=pattern, PYTHONDONTWRITEBYTECODE="1")))
     d = _summary(runs.pop("diagnose"))
-    size_mb = path.stat().st_size / 1e6
-    out = {"log": str(path), "size_mb": round(size_mb, 1), "lines": meta["lines"], "stats_lines": meta["stats_lines"],
+    size_mb = meta["size_bytes"] / 1e6                 # of the log itself (decompressed for the .gz)
+    out = {"log": str(path), "size_mb": round(size_mb, 1), "file_mb": round(path.stat().st_size / 1e6, 1), "lines": meta["lines"], "stats_lines": meta["stats_lines"],
            "diagnose": {k: d[k] for k in ("median_s", "walls_s", "maxrss_mb", "rc")},
            "baselines": {}}
     out["diagnose"].update(mb_per_s=round(size_mb / d["median_s"], 1), **check_diagnosis(d["stdout"], meta))

@@ -50,7 +50,8 @@ class LineMatcher:
         self._anchor_items = list(by_anchor.items())
         self._plans: dict[bytes, Plan] = {}
         self._order: dict[int, tuple[RuntimeTracker, list[bytes]]] = {}
-        self._uniform = {r.id for r in rules if all(digit_uniform(p.regex) for p in r.patterns)}
+        self._uniform: dict[str, bool] = {}         # rule id → all its patterns digit-uniform (asked lazily)
+        self._rules = {r.id: r for r in rules}
         self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE)) and \
             all(digit_uniform(vp) for e in engines for vp in e.version_patterns)
         with_digits = [a for a in by_anchor if re.search(r"\d", a)] + \
@@ -110,7 +111,7 @@ class LineMatcher:
               detected: list[str], tried: set[str]) -> Plan:
         if not self._cache or not raw.isascii() or b"\x1b" in raw or not line.text.endswith(line.msg):
             return SLOW
-        if any(r.role != "signal" for r, _ in found) or not tried <= self._uniform:
+        if any(r.role != "signal" for r, _ in found) or not all(self._is_uniform(rid) for rid in tried):
             return SLOW
         if any(dm in key for dm in self._digit_masks):
             return SLOW
@@ -128,6 +129,12 @@ class LineMatcher:
         if plan.sampler is not None:
             plan.order = self._order.setdefault(id(plan.sampler.bucket), (plan.sampler.bucket, []))[1]
         return plan
+
+    def _is_uniform(self, rule_id: str) -> bool:
+        u = self._uniform.get(rule_id)
+        if u is None:
+            u = self._uniform[rule_id] = all(digit_uniform(p.regex) for p in self._rules[rule_id].patterns)
+        return u
 
     def _learn(self, key: bytes, rec: bytes) -> None:
         k = key.find(b":") + 1
