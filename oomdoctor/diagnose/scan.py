@@ -161,12 +161,32 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tupl
             carry = buf
             continue
         block, carry = buf[:cut], buf[cut + 1:]
-        if _clean(block):
-            yield block
-        else:
-            yield from _grep_records(io.BytesIO(block + b"\n"), rx)
-    if carry and not skipping:
+        yield from _split_dirty(block, rx)
+    if carry.endswith(b"\n"):
+        yield from _split_dirty(carry[:-1], rx)
+    elif carry and not skipping:
         yield from _grep_records(io.BytesIO(carry), rx)
+
+
+def _split_dirty(block: bytes, rx: re.Pattern[bytes]) -> Iterator[bytes | tuple[int, bytes]]:
+    """A block as is when it is clean; else its clean runs of records as blocks and the others (a carriage
+    return, a line to cut) as (N, line) pairs."""
+    if _clean(block):
+        yield block
+        return
+    run: list[bytes] = []
+    for rec in block.split(b"\n"):
+        if b"\r" not in rec and len(rec) < MAX_LINE_BYTES:
+            run.append(rec)
+            continue
+        if run:
+            yield b"\n".join(run)
+            run = []
+        got = _record(rec, len(rec) <= MAX_LINE_BYTES + 31, rx)
+        if got is not None:
+            yield got
+    if run:
+        yield b"\n".join(run)
 
 
 def _last_line(item: bytes | tuple[int, bytes]) -> int:
