@@ -137,7 +137,8 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tupl
     except (ImportError, OSError):           # pragma: no cover - not Linux, or a pipe size limit
         pass
     limit = MAX_LINE_BYTES + 32
-    carry, skipping = b"", False
+    parts: list[bytes] = []                  # whole records (each piece ends with a newline), gathered to a block
+    size, partial, skipping = 0, b"", False  # partial: the unfinished record after the last newline
     while True:
         buf = os.read(fd, BLOCK_READ)
         if not buf:
@@ -147,25 +148,28 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tupl
             if nl < 0:
                 continue
             buf, skipping = buf[nl + 1:], False
-        buf = carry + buf
         cut = buf.rfind(b"\n")
         if cut < 0:
-            carry = buf
-            if len(carry) >= limit:          # an over-long record: its head, then skip to its end
-                got = _record(carry[:limit], False, rx)
+            partial += buf
+            if len(partial) >= limit:        # an over-long record: the records before it, its head, skip its end
+                if parts:
+                    yield from _split_dirty(b"".join(parts)[:-1], rx)
+                    parts, size = [], 0
+                got = _record(partial[:limit], False, rx)
                 if got is not None:
                     yield got
-                carry, skipping = b"", True
+                partial, skipping = b"", True
             continue
-        if cut + 1 < BLOCK_BYTES:            # gather a few pipe reads into one block
-            carry = buf
-            continue
-        block, carry = buf[:cut], buf[cut + 1:]
-        yield from _split_dirty(block, rx)
-    if carry.endswith(b"\n"):
-        yield from _split_dirty(carry[:-1], rx)
-    elif carry and not skipping:
-        yield from _grep_records(io.BytesIO(carry), rx)
+        parts.append(partial + buf[:cut + 1])
+        size += len(parts[-1])
+        partial = buf[cut + 1:]
+        if size >= BLOCK_BYTES:
+            yield from _split_dirty(b"".join(parts)[:-1], rx)
+            parts, size = [], 0
+    if parts:
+        yield from _split_dirty(b"".join(parts)[:-1], rx)
+    if partial and not skipping:
+        yield from _grep_records(io.BytesIO(partial), rx)
 
 
 def _split_dirty(block: bytes, rx: re.Pattern[bytes]) -> Iterator[bytes | tuple[int, bytes]]:
