@@ -231,15 +231,24 @@ class RuntimeTracker:
 _INT_UNITS = ("int", "tokens", "count")
 
 
-def _values(slot, recs: list[bytes], offset: int, name: str) -> list | None:
-    """The numbers ``name`` of the lines ``recs`` (one shape: the same spans); None when the shape has no such
-    number. The plan admits only plain numbers here (digits and a '.'), for which int()/float() of the bytes
-    equal units.convert."""
-    x = next((x for x in slot.numbers if x.name == name), None)
-    if x is None:
-        return None
-    a, b = x.start + offset, x.end + offset
-    return list(map(int if x.unit.lower() in _INT_UNITS else float, [r[a:b] for r in recs]))
+class _Lazy:
+    """The numbers ``name`` of the lines ``recs`` of one shape (the same spans), converted only when needed. The
+    plan admits only plain numbers here (digits and one '.', one width for the whole shape): int()/float() of the
+    bytes equal units.convert, and the largest number is the largest byte string."""
+
+    def __init__(self, slot, recs: list[bytes], offset: int, name: str) -> None:
+        x = next((x for x in slot.numbers if x.name == name), None)
+        self.present = x is not None
+        if x is not None:
+            a, b = x.start + offset, x.end + offset
+            self.conv = int if x.unit.lower() in _INT_UNITS else float
+            self.raw = [r[a:b] for r in recs]
+
+    def max(self) -> Any:
+        return self.conv(max(self.raw))
+
+    def values(self) -> list:
+        return list(map(self.conv, self.raw))
 
 
 TRACKED_NUMBERS = ("preemptions_cumulative", "preemptions", "kv_usage_percent", "running_reqs", "waiting_reqs")
@@ -254,14 +263,16 @@ def _fold_rejections(b: RuntimeTracker, recs: list[bytes], offset: int, material
     b.rejections = sorted(b.rejections + [m for m in new if m is not None], key=lambda m: m.n)[:20]
 
 
-def _fold_stats(b: RuntimeTracker, kv: list | None, waiting: list | None, recs: list[bytes], offset: int) -> None:
-    if kv:
-        b.max_kv_usage = max(b.max_kv_usage or 0.0, max(kv))
-    if waiting:
-        b.max_waiting = max(b.max_waiting or 0, max(waiting))
-    if not kv or max(kv) < KV_PRESSURE_PERCENT or not waiting or max(waiting) <= 0:
+def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes], offset: int) -> None:
+    kv_max = kv.max() if kv.present else None
+    w_max = waiting.max() if waiting.present else None
+    if kv_max is not None:
+        b.max_kv_usage = max(b.max_kv_usage or 0.0, kv_max)
+    if w_max is not None:
+        b.max_waiting = max(b.max_waiting or 0, w_max)
+    if kv_max is None or kv_max < KV_PRESSURE_PERCENT or w_max is None or w_max <= 0:
         return
-    hot = [i for i, (k, q) in enumerate(zip(kv, waiting)) if k >= KV_PRESSURE_PERCENT and q > 0]
+    hot = [i for i, (k, q) in enumerate(zip(kv.values(), waiting.values())) if k >= KV_PRESSURE_PERCENT and q > 0]
     if hot:
         b.pressure_samples += len(hot)
         n = int(recs[hot[0]][:offset - 1])
@@ -279,12 +290,12 @@ def fold_many(slot, recs: list[bytes], offset: int, materialize: Callable) -> No
         return
     names = {x.name for x in slot.numbers}
     if "preemptions_cumulative" in names:
-        cum = _values(slot, recs, offset, "preemptions_cumulative") or [0]
-        b.preemption_cumulative = max(b.preemption_cumulative or 0, int(max(cum)))
+        cum = _Lazy(slot, recs, offset, "preemptions_cumulative").max()
+        b.preemption_cumulative = max(b.preemption_cumulative or 0, int(cum))
     if "preemptions" in names:
-        b.preemption_events += sum(int(v) for v in _values(slot, recs, offset, "preemptions") or ())
+        b.preemption_events += sum(int(v) for v in _Lazy(slot, recs, offset, "preemptions").values())
     if "kv_usage_percent" in names or "running_reqs" in names:
-        _fold_stats(b, _values(slot, recs, offset, "kv_usage_percent"), _values(slot, recs, offset, "waiting_reqs"),
+        _fold_stats(b, _Lazy(slot, recs, offset, "kv_usage_percent"), _Lazy(slot, recs, offset, "waiting_reqs"),
                     recs, offset)
     elif "preemptions" not in names and "preemptions_cumulative" not in names:
         b.preemption_events += len(recs)
