@@ -52,6 +52,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
         out.seek(0)
         err.seek(0)
         return {"wall_s": wall, "rc": p.returncode, "maxrss_mb": ru.ru_maxrss / 1024,
+                "cpu_s": ru.ru_utime + ru.ru_stime,          # of it and its children (grep, zcat)
                 "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")}
 
 
@@ -107,6 +108,7 @@ def importtime_check(py: str, small: Path) -> dict:
 def _summary(runs: list[dict]) -> dict:
     walls = [r["wall_s"] for r in runs]
     return {"walls_s": [round(w, 3) for w in walls], "median_s": round(statistics.median(walls), 3),
+            "cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 2),
             "maxrss_mb": round(max(r["maxrss_mb"] for r in runs), 1), "rc": runs[-1]["rc"],
             "stdout": runs[-1]["stdout"]}
 
@@ -130,13 +132,15 @@ def measure_log(path: Path, meta: dict, pattern: str, tools: dict, n: int, env: 
     d = _summary(runs.pop("diagnose"))
     size_mb = meta["size_bytes"] / 1e6                 # of the log itself (decompressed for the .gz)
     out = {"log": str(path), "size_mb": round(size_mb, 1), "file_mb": round(path.stat().st_size / 1e6, 1), "lines": meta["lines"], "stats_lines": meta["stats_lines"],
-           "diagnose": {k: d[k] for k in ("median_s", "walls_s", "maxrss_mb", "rc")},
+           "diagnose": {k: d[k] for k in ("median_s", "walls_s", "cpu_s", "maxrss_mb", "rc")},
            "baselines": {}}
     out["diagnose"].update(mb_per_s=round(size_mb / d["median_s"], 1), **check_diagnosis(d["stdout"], meta))
     for k, rs in runs.items():
         b = _summary(rs)
-        out["baselines"][k] = {"median_s": b["median_s"], "walls_s": b["walls_s"], "count": b["stdout"].strip(),
-                               "ratio": round(d["median_s"] / b["median_s"], 2) if b["median_s"] else None}
+        out["baselines"][k] = {"median_s": b["median_s"], "walls_s": b["walls_s"], "cpu_s": b["cpu_s"],
+                               "count": b["stdout"].strip(),
+                               "ratio": round(d["median_s"] / b["median_s"], 2) if b["median_s"] else None,
+                               "cpu_ratio": round(d["cpu_s"] / b["cpu_s"], 2) if b["cpu_s"] else None}
     return out
 
 
@@ -151,13 +155,14 @@ def small_log(env: dict) -> dict:
 
 def print_table(res: dict) -> None:
     print(f"\n{res['host']['cpus']} CPUs, load average before: {res['host']['loadavg']}; medians of {res['repeat']} runs")
-    print(f"{'log':<14}{'MB':>6} {'diagnose':>9} {'MB/s':>6} {'RSS MB':>7}  {'baseline':<20}{'time':>7} {'ratio':>6}  class")
+    print(f"{'log':<14}{'MB':>6} {'diagnose':>9} {'MB/s':>6} {'RSS MB':>7}  {'baseline':<20}{'time':>7} {'ratio':>6}"
+          f" {'CPU ratio':>9}  class")
     for name, r in res["logs"].items():
         d = r["diagnose"]
         for i, (k, b) in enumerate(r["baselines"].items()):
             head = (f"{name:<14}{r['size_mb']:>6.0f} {d['median_s']:>8.2f}s {d['mb_per_s']:>6.0f} {d['maxrss_mb']:>7.1f}"
                     if i == 0 else " " * 46)
-            print(f"{head}  {k:<20}{b['median_s']:>6.2f}s {b['ratio']:>5.2f}x  "
+            print(f"{head}  {k:<20}{b['median_s']:>6.2f}s {b['ratio']:>5.2f}x {b['cpu_ratio']:>8.2f}x  "
                   + (f"{d.get('class')} {'ok' if d.get('ok') else 'WRONG'}" if i == 0 else ""))
     if not res["tools"]["rg"]:
         print("rg (ripgrep) is not installed: no rg -c column")
