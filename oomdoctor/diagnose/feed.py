@@ -202,8 +202,8 @@ def unzstd(f: BinaryIO, h: Any) -> Iterator[bytes]:
         return
     exe = shutil.which("zstd")
     if exe is None:
-        raise BadInput(f"{getattr(f, 'name', 'the log')}: a zstd-compressed log needs the zstd program or the Python "
-                       "package zstandard (pip install 'oomdoctor[zstd]')")
+        raise BadInput("a zstd-compressed log needs the zstd program or the Python package zstandard "
+                       "(pip install 'oomdoctor[zstd]')")
     while buf := f.read(CHUNK):                     # the program reads the file itself: hash it first
         h.update(buf)
     proc = subprocess.Popen([exe, "-dcq", "--", str(f.name)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -246,5 +246,7 @@ def zstd_lines(path: Path, info: Any) -> Iterator[tuple[int, bytes]]:
             info.size_bytes = os.fstat(f.fileno()).st_size
     except (EOFError, zlib.error) as e:
         raise BadInput(f"{path}: truncated or corrupt zstd file after line {n} ({e})")
+    except BadInput as e:
+        raise BadInput(f"{path}: {e}")
     info.sha256 = h.hexdigest()
     info.lines, info.cut_lines = tally.finish()

@@ -7,8 +7,9 @@ Two implementations return the same lines:
 - ``grep`` (``LC_ALL=C grep -a -n -E -f <one alternation of the escaped anchors>``): used when a
   grep binary is on PATH, because grep is tens of times faster than Python's line loop on the
   gigabyte-sized logs of long-running servers (and, in GNU grep 3.8, one ERE alternation is ~1.7x
-  faster than ``-F -f`` with the same strings: docs/performance.md); a .gz is decompressed in a
-  thread (zlib) and piped into grep;
+  faster than ``-F -f`` with the same strings: docs/performance.md); a .gz (zlib) or .zst is decompressed in
+  a thread and piped into grep (diagnose/feed.py); grep's output comes back in 4 MiB blocks of ``N:line``
+  records, the matcher's fast input (``scan_blocks``; ``scan`` gives (number, line) pairs);
 - pure Python (line by line, one compiled alternation): the fallback, and the reference
   the test-suite compares the grep path with: same (line number, line) pairs, same cut of lines
   longer than MAX_LINE_BYTES (only their first MAX_LINE_BYTES are searched), same SourceInfo.
@@ -17,7 +18,6 @@ The file's sha256, size, line count and over-long lines are computed alongside, 
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import zlib
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 

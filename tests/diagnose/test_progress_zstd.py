@@ -68,10 +68,15 @@ def test_truncated_zstd_is_one_line_bad_input(tmp_path):
 def test_zstd_without_program_or_package_says_what_to_install(tmp_path, monkeypatch):
     p = tmp_path / "x.log.zst"
     p.write_bytes(feed.ZSTD_MAGIC + b"\x00" * 32)
+    grep = shutil.which("grep")
     monkeypatch.setattr(feed.shutil, "which", lambda name: None)
     monkeypatch.setitem(sys.modules, "zstandard", None)         # import zstandard fails
-    with pytest.raises(BadInput, match="needs the zstd program or the Python package zstandard"):
+    with pytest.raises(BadInput, match="needs the zstd program or the Python package zstandard") as e:
         list(scan_python(p, ANCHORS, SourceInfo(str(p))))
+    assert str(e.value).startswith(f"{p}: a zstd-compressed log") and str(e.value).count(str(p)) == 1
+    with pytest.raises(BadInput) as e:
+        list(scan_grep(p, ANCHORS, SourceInfo(str(p)), grep))
+    assert str(e.value).startswith(f"{p}: a zstd-compressed log") and str(e.value).count(str(p)) == 1
 
 
 class Clock:
