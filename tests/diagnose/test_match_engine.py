@@ -150,6 +150,7 @@ def test_digit_uniform_regexes():
     assert not digit_uniform(r"[^0]")
 
 
+@pytest.mark.slow
 def test_diagnose_of_a_stats_heavy_log_grep_and_python_agree(tmp_path):
     lines = serving_lines(2 * MAX_SAMPLES, seed=3)
     log = tmp_path / "serve.log"

@@ -65,6 +65,8 @@ def test_truncated_zstd_is_one_line_bad_input(tmp_path):
     assert r.stderr.startswith("oomdoctor: error:") and "truncated or corrupt zstd" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("grep") is None, reason="no grep on PATH")
 def test_zstd_without_program_or_package_says_what_to_install(tmp_path, monkeypatch):
     p = tmp_path / "x.log.zst"
     p.write_bytes(feed.ZSTD_MAGIC + b"\x00" * 32)
@@ -112,6 +114,7 @@ def test_no_done_line_when_nothing_was_shown():
     assert out.getvalue() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, shown", [([], True), (["--quiet"], False), (["--json"], False)])
 def test_cli_progress_on_stderr_off_with_quiet_and_json(monkeypatch, args, shown):
     monkeypatch.setattr(progress, "AFTER_S", -1.0)                # show from the first block on
