@@ -48,10 +48,11 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
                  plot_path: Path | None = None, model_dir: Path | None = None, gpu_memory: str | None = None,
                  no_device: bool = False, rules_path: Path | None = None,
                  scanner: str = "auto", shown: str | None = None,
-                 warn: Callable[[str], None] | None = None) -> tuple[CardDict, Path | None, Any]:
+                 warn: Callable[[str], None] | None = None, progress: bool = False) -> tuple[CardDict, Path | None, Any]:
     """Classify LOG, build its card and (unless ``no_card``) write it; (the card as written, its path, the diagnosis).
 
-    ``shown``: the name the card records for the log when LOG is a copy (stdin spooled to a file)."""
+    ``shown``: the name the card records for the log when LOG is a copy (stdin spooled to a file). ``progress``: bytes
+    read and lines/s on stderr while a log takes more than a second."""
     from oomdoctor.card import store as cardmod
     from oomdoctor.card.build import build_card
     from oomdoctor.device import nvml as devmod
@@ -60,7 +61,12 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
 
     ruleset = default_rules(rules_path)
     metrics_text = read_metrics(metrics) if metrics else None
-    diag = diagnose_file(log, ruleset, engine=engine, engine_version=engine_version, metrics_text=metrics_text, scanner=scanner)
+    meter = None
+    if progress:
+        from oomdoctor.diagnose.progress import Progress
+        meter = Progress(log.stat().st_size if log.is_file() else None)
+    diag = diagnose_file(log, ruleset, engine=engine, engine_version=engine_version, metrics_text=metrics_text,
+                         scanner=scanner, progress=meter)
     dev = dict(NO_DEVICE) if no_device else devmod.capture()
     notes = []
     if dev.get("status") == "captured":

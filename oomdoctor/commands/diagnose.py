@@ -31,10 +31,12 @@ from oomdoctor import contract
 @click.option("-v", "--verbose", is_flag=True, help="After the first screen: all evidence, numbers, levers, device, notes.")
 @click.option("--scanner", type=click.Choice(["auto", "grep", "python"]), default="auto", show_default=True,
               help="How lines are pre-filtered: grep (fast) or pure Python.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress line on stderr (there is none under --json either).")
 def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: str | None, engine_version: str | None,
             metrics: str | None, snapshot: Path | None, plot_path: Path | None, model_dir: Path | None,
-            gpu_memory: str | None, no_device: bool, rules_path: Path | None, verbose: bool, scanner: str) -> int:
-    """Classify the memory failure in LOG (plain or .gz; `-` or /dev/stdin: read stdin) and write an incident card.
+            gpu_memory: str | None, no_device: bool, rules_path: Path | None, verbose: bool, scanner: str,
+            quiet: bool) -> int:
+    """Classify the memory failure in LOG (plain, .gz or .zst; `-` or /dev/stdin: read stdin) and write an incident card.
 
     Exit 0: a memory failure was classified; 3: no memory failure found; 2: bad input.
     """
@@ -47,7 +49,8 @@ def command(log: Path, out: Path | None, no_card: bool, as_json: bool, engine: s
                                         metrics=metrics, snapshot=snapshot, plot_path=plot_path, model_dir=model_dir,
                                         gpu_memory=gpu_memory, no_device=no_device, rules_path=rules_path,
                                         scanner=scanner, shown=None if readable == log else shown,
-                                        warn=lambda m: click.echo(f"oomdoctor: warning: {m}", err=True))
+                                        warn=lambda m: click.echo(f"oomdoctor: warning: {m}", err=True),
+                                        progress=not (quiet or as_json))
     if as_json:
         print_json(contract_json(dict(card), str(path) if path else None))
     else:

@@ -25,7 +25,7 @@ from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.scan import scan
+from oomdoctor.diagnose.scan import scan_blocks
 
 __all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
            "select_root"]
@@ -115,7 +115,7 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
 
 
-def diagnose_lines(lines: Iterable[tuple[int, bytes | str]], ruleset: RuleSet, source: SourceInfo,
+def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: RuleSet, source: SourceInfo,
                    engine: str | None = None, engine_version: str | None = None,
                    metrics_text: str | None = None) -> Diagnosis:
     runtime = RuntimeTracker()
@@ -237,8 +237,9 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
 
 
 def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None, engine_version: str | None = None,
-                  metrics_text: str | None = None, scanner: str = "auto") -> Diagnosis:
+                  metrics_text: str | None = None, scanner: str = "auto", progress: Any = None) -> Diagnosis:
+    """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None."""
     info = SourceInfo(str(path))
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
-    lines = scan(path, anchors, info, engine=scanner)
+    lines = scan_blocks(path, anchors, info, engine=scanner, progress=progress)
     return diagnose_lines(lines, ruleset, info, engine=engine, engine_version=engine_version, metrics_text=metrics_text)

@@ -1,16 +1,26 @@
 """Stage 3 — run the rules over the scanner's candidate lines: which rule matches which line, which engine
-printed the log (detection strings and version lines come from each engine's rules file), which version."""
+printed the log (detection strings and version lines come from each engine's rules file), which version.
+
+The first line of each *shape* (the line with its digits masked, :mod:`oomdoctor.diagnose.shapes`) goes through
+the full matcher (:meth:`LineMatcher.add`); when all it matched is runtime signals, the next lines of that shape
+cost one ``bytes.translate`` and one dict lookup each, and their numbers are folded in bulk at the end of each
+block. The result is the same as the full matcher's on every line (tests/diagnose/test_match_engine.py)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from sys import intern
 from typing import Any, Iterable
 
+from oomdoctor.diagnose import parse
 from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
-from oomdoctor.diagnose.signals import RuntimeTracker
+from oomdoctor.diagnose.shapes import MASK, SLOW, Plan, SignalSlot, digit_uniform, mask, number_slots, ts_span
+from oomdoctor.diagnose.signals import TRACKED_NUMBERS, RuntimeTracker, Sample, fold_many, samples_numbers
 from oomdoctor.errors import BadInput
 
 MAX_STORED_MATCHES = 200_000
+PAIRS_BATCH = 4096
 
 
 @dataclass
@@ -25,38 +35,47 @@ class Match:
         return self.line.n
 
 
+class LineMatcher:
+    """The rules of every engine over a stream of candidate lines, with the shape cache in front."""
 
-def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], engines: list[EngineSpec],
-                runtime: RuntimeTracker, hits: dict[str, dict]) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
-    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions);
-    ``hits`` receives, per rule id, the first matching line, its numbers and the match count.
+    def __init__(self, rules: list[Rule], engines: list[EngineSpec], runtime: RuntimeTracker, hits: dict[str, dict]):
+        self.engines, self.runtime, self.hits = engines, runtime, hits
+        self.matches: list[Match] = []
+        self.counts = {e.engine: 0 for e in engines}
+        self.versions: dict[str, tuple[str, int]] = {}
+        by_anchor: dict[str, list[Rule]] = {}
+        for r in rules:
+            for p in r.patterns:
+                by_anchor.setdefault(p.anchor, []).append(r)
+        self._anchor_items = list(by_anchor.items())
+        self._plans: dict[bytes, Plan] = {}
+        self._order: dict[int, tuple[RuntimeTracker, list[bytes]]] = {}
+        self._uniform: dict[str, bool] = {}         # rule id → all its patterns digit-uniform (asked lazily)
+        self._rules = {r.id: r for r in rules}
+        self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE)) and \
+            all(digit_uniform(vp) for e in engines for vp in e.version_patterns)
+        with_digits = [a for a in by_anchor if re.search(r"\d", a)] + \
+                      [s for e in engines for s in e.detect if re.search(r"\d", s)]
+        self._digit_masks = [mask(s.encode()) for s in with_digits]
 
-    The lines are the scanner's candidates (each holds a rule anchor or a version-line literal), so they are few:
-    0.6 % of a serving log. Each is parsed once and tried against the rules whose anchor it holds."""
-    from sys import intern
-
-    matches: list[Match] = []
-    detect_counts = {e.engine: 0 for e in engines}
-    versions: dict[str, tuple[str, int]] = {}
-    by_anchor: dict[str, list[Rule]] = {}
-    for r in rules:
-        for p in r.patterns:
-            by_anchor.setdefault(p.anchor, []).append(r)
-    anchor_items = list(by_anchor.items())
-    for n, raw in lines:
+    # -- the full matcher ----------------------------------------------------------------
+    def _match(self, n: int, raw: bytes | str) -> tuple[LogLine, list[tuple[Rule, re.Match]], list[str], set[str]]:
         line = parse_line(n, raw)
         text = line.text
-        for e in engines:
+        detected = []
+        for e in self.engines:
             if any(s in text for s in e.detect):
-                detect_counts[e.engine] += 1
-            if e.engine not in versions:
+                self.counts[e.engine] += 1
+                detected.append(e.engine)
+            if e.engine not in self.versions:
                 for vp in e.version_patterns:
                     m = vp.search(text)
                     if m:
-                        versions[e.engine] = (m.group("version"), n)
+                        self.versions[e.engine] = (m.group("version"), n)
                         break
+        found: list[tuple[Rule, re.Match]] = []
         tried: set[str] = set()
-        for anchor, rs in anchor_items:
+        for anchor, rs in self._anchor_items:
             if anchor not in text:
                 continue
             for r in rs:
@@ -64,20 +83,178 @@ def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], eng
                     continue
                 tried.add(r.id)
                 m = r.match(line)
-                if not m:
-                    continue
-                # group values (counts, percentages) repeat across thousands of stats lines: share them
-                mt = Match(r, line, r.extract(m), {k: intern(v) for k, v in m.groupdict().items() if v is not None})
-                h = hits.get(r.id)
-                if h is None:
-                    hits[r.id] = {"line": n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
+                if m:
+                    found.append((r, m))
+        return line, found, detected, tried
+
+    def _record(self, line: LogLine, found: list[tuple[Rule, re.Match]]) -> None:
+        for r, m in found:
+            # group values (counts, percentages) repeat across thousands of stats lines: share them
+            mt = Match(r, line, r.extract(m), {k: intern(v) for k, v in m.groupdict().items() if v is not None})
+            h = self.hits.get(r.id)
+            if h is None:
+                self.hits[r.id] = {"line": line.n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
+            else:
+                h["count"] += 1
+            if r.role in ("signal", "serving"):   # folded as they stream by: bounded memory
+                self.runtime.add(mt)
+            elif len(self.matches) < MAX_STORED_MATCHES:
+                self.matches.append(mt)
+
+    def add(self, n: int, raw: bytes | str) -> None:
+        """One line through the full matcher."""
+        line, found, _, _ = self._match(n, raw)
+        self._record(line, found)
+
+    # -- shapes ----------------------------------------------------------------------------
+    def _plan(self, key: bytes, k: int, raw: bytes, line: LogLine, found: list[tuple[Rule, re.Match]],
+              detected: list[str], tried: set[str]) -> Plan:
+        if not self._cache or not raw.isascii() or b"\x1b" in raw or not line.text.endswith(line.msg):
+            return SLOW
+        if any(r.role not in ("signal", "serving") for r, _ in found) or not all(self._is_uniform(rid) for rid in tried):
+            return SLOW
+        if any(dm in key for dm in self._digit_masks):
+            return SLOW
+        msg_at = len(line.text) - len(line.msg)
+        signals = []
+        for r, m in found:
+            slots = number_slots(r, m, msg_at if m.string is line.msg else 0, raw)
+            if slots is None or any(not x.plain for x in slots if x.name in TRACKED_NUMBERS):
+                return SLOW
+            signals.append(SignalSlot(r, slots, self.runtime.bucket(r)))
+        samplers = [s for s in signals if samples_numbers(s)]
+        if len(samplers) > 1:
+            return SLOW
+        plan = Plan(k, tuple(detected), signals, samplers[0] if samplers else None, ts_span(line.text), [])
+        if plan.sampler is not None:
+            plan.order = self._order.setdefault(id(plan.sampler.bucket), (plan.sampler.bucket, []))[1]
+        return plan
+
+    def _is_uniform(self, rule_id: str) -> bool:
+        u = self._uniform.get(rule_id)
+        if u is None:
+            u = self._uniform[rule_id] = all(digit_uniform(p.regex) for p in self._rules[rule_id].patterns)
+        return u
+
+    def _learn(self, key: bytes, rec: bytes) -> None:
+        k = key.find(b":") + 1
+        n, raw = int(rec[:k - 1]), rec[k:]
+        line, found, detected, tried = self._match(n, raw)
+        self._record(line, found)
+        self._plans[key] = self._plan(key, k, raw, line, found, detected, tried)
+
+    def _slow(self, key: bytes, rec: bytes) -> None:
+        k = key.find(b":") + 1
+        self.add(int(rec[:k - 1]), rec[k:])
+
+    def _materialize(self, slot: SignalSlot, rec: bytes, k: int) -> Match | None:
+        line = parse_line(int(rec[:k - 1]), rec[k:])
+        m = slot.rule.match(line)
+        if m is None:  # pragma: no cover - the shape guarantees the match
+            return None
+        return Match(slot.rule, line, slot.rule.extract(m),
+                     {g: intern(v) for g, v in m.groupdict().items() if v is not None})
+
+    def _sample_of(self, rec: bytes) -> Sample:
+        key = rec.translate(MASK)
+        plan = self._plans[key]
+        slot, k = plan.sampler, plan.offset
+        assert slot is not None
+        nums: dict[str, Any] = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
+                for x in slot.numbers if x.name in TRACKED_NUMBERS}
+        ts = rec[plan.ts[0] + k:plan.ts[1] + k].decode() if plan.ts else ""
+        return Sample(int(rec[:k - 1]), ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
+                      nums.get("waiting_reqs"), nums.get("preemptions"))
+
+    def _flush_samples(self) -> None:
+        """Each bucket's timeline takes every ``_stride``-th stats line in line order (RuntimeTracker._sample);
+        the fast lines of all shapes of a bucket wait here in that order."""
+        for b, recs in self._order.values():
+            if not recs:
+                continue
+            seen0, n = b._seen, len(recs)
+            j = (-seen0) % b._stride
+            while j < n:
+                b.keep_sample(self._sample_of(recs[j]))       # may double the stride
+                j += 1
+                j += (-(seen0 + j)) % b._stride
+            b._seen = seen0 + n
+            recs.clear()
+
+    def add_records(self, keys: list[bytes], recs: list[bytes]) -> None:
+        """Records ``N:line`` (grep -n's form; no newline, no carriage return, not cut) with their masks."""
+        get = self._plans.get
+        for key, rec in zip(keys, recs):
+            plan = get(key)
+            if plan is None or plan.pending is None:
+                self._flush_samples()                 # the full matcher samples in place: the waiting ones first
+                if plan is None:
+                    self._learn(key, rec)
                 else:
-                    h["count"] += 1
-                if r.role in ("signal", "serving"):   # folded as they stream by: bounded memory
-                    runtime.add(mt)
-                elif len(matches) < MAX_STORED_MATCHES:
-                    matches.append(mt)
-    return matches, detect_counts, versions
+                    self._slow(key, rec)
+                continue
+            plan.pending.append(rec)
+            if plan.order is not None:
+                plan.order.append(rec)
+        self.flush()
+
+    def add_block(self, block: bytes) -> None:
+        """grep -n records joined by newlines (see add_records)."""
+        self.add_records(block.translate(MASK).split(b"\n"), block.split(b"\n"))
+
+    def flush(self) -> None:
+        self._flush_samples()
+        for plan in self._plans.values():
+            pending = plan.pending
+            if not pending:
+                continue
+            for e in plan.detect:
+                self.counts[e] += len(pending)
+            for slot in plan.signals:
+                self.hits[slot.rule.id]["count"] += len(pending)
+                fold_many(slot, pending, plan.offset, lambda rec, s=slot, k=plan.offset: self._materialize(s, rec, k))
+            pending.clear()
+
+    def add_pairs(self, lines: Iterable[tuple[int, bytes | str]]) -> None:
+        """(line number, line) pairs, e.g. from the pure-Python scanner; bytes lines take the shape cache."""
+        keys: list[bytes] = []
+        recs: list[bytes] = []
+        for n, raw in lines:
+            if isinstance(raw, (bytes, bytearray)) and b"\n" not in raw:
+                rec = b"%d:%s" % (n, raw)
+                keys.append(rec.translate(MASK))
+                recs.append(rec)
+                if len(recs) >= PAIRS_BATCH:
+                    self.add_records(keys, recs)
+                    keys, recs = [], []
+                continue
+            if recs:
+                self.add_records(keys, recs)
+                keys, recs = [], []
+            self.add(n, raw)
+        if recs:
+            self.add_records(keys, recs)
+
+
+def match_lines(lines: Iterable[tuple[int, bytes | str] | bytes], rules: list[Rule], engines: list[EngineSpec],
+                runtime: RuntimeTracker, hits: dict[str, dict]) -> tuple[list[Match], dict[str, int], dict[str, tuple[str, int]]]:
+    """Run every rule over the candidate lines. Returns (matches, engine detection counts, versions);
+    ``hits`` receives, per rule id, the first matching line, its numbers and the match count.
+    ``lines`` are (number, line) pairs, or blocks of grep -n records (``bytes`` items: see LineMatcher.add_block)."""
+    lm = LineMatcher(rules, engines, runtime, hits)
+    pairs: list[tuple[int, bytes | str]] = []
+    for item in lines:
+        if isinstance(item, (bytes, bytearray)):
+            lm.add_pairs(pairs)
+            pairs = []
+            lm.add_block(item)
+            continue
+        pairs.append(item)
+        if len(pairs) >= PAIRS_BATCH:
+            lm.add_pairs(pairs)
+            pairs = []
+    lm.add_pairs(pairs)
+    return lm.matches, lm.counts, lm.versions
 
 
 def choose_engine(ruleset: RuleSet, counts: dict[str, int], versions: dict[str, tuple[str, int]],

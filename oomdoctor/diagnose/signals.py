@@ -58,11 +58,7 @@ class RuntimeTracker:
 
     # -- collection -----------------------------------------------------------------
     def add(self, m) -> None:
-        key = (m.rule.engine, m.rule.versions)
-        b = self._buckets.get(key)
-        if b is None:
-            b = self._buckets[key] = RuntimeTracker()
-        b._fold(m)
+        self.bucket(m.rule)._fold(m)
 
     def select(self, keep: Callable[[str, str | None], bool]) -> None:
         """Merge the buckets whose (engine, versions) ``keep`` admits; drop the others."""
@@ -120,17 +116,31 @@ class RuntimeTracker:
             self.max_kv_usage = max(self.max_kv_usage or 0.0, s.kv_usage_percent)
             if s.kv_usage_percent >= KV_PRESSURE_PERCENT and (s.waiting or 0) > 0:
                 self.pressure_samples += 1
-                if self.first_pressure is None:
+                if self.first_pressure is None or s.line < self.first_pressure:
                     self.first_pressure = s.line
         if s.waiting is not None:
             self.max_waiting = max(self.max_waiting or 0, s.waiting)
+        if self.count_sample():
+            self.keep_sample(s)
+
+    def count_sample(self) -> bool:
+        """One more stats line in this bucket: True when the timeline keeps it (every ``_stride``-th one)."""
         self._seen += 1
-        if (self._seen - 1) % self._stride:
-            return
+        return not (self._seen - 1) % self._stride
+
+    def keep_sample(self, s: Sample) -> None:
         self.samples.append(s)
         if len(self.samples) >= MAX_SAMPLES:
             self.samples = self.samples[::2]
             self._stride *= 2
+
+    def bucket(self, rule) -> "RuntimeTracker":
+        """The bucket signal matches of ``rule`` fold into (one per engine and rule versions)."""
+        key = (rule.engine, rule.versions)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = RuntimeTracker()
+        return b
 
     def add_metrics(self, text: str, preemption_counters: Sequence[str] = ()) -> None:
         """Read a Prometheus /metrics text: counters summed over their label sets. ``preemption_counters``: the
@@ -223,3 +233,88 @@ class RuntimeTracker:
             "timeline": [{"line": s.line, "ts": s.ts, "kv_usage_percent": s.kv_usage_percent, "running": s.running,
                           "waiting": s.waiting, "preemptions": s.preemptions} for s in self.samples],
         }
+
+
+# ----------------------------------------------------------------------------- the shapes' bulk fold
+_INT_UNITS = ("int", "tokens", "count")
+
+
+class _Lazy:
+    """The numbers ``name`` of the lines ``recs`` of one shape (the same spans), converted only when needed. The
+    plan admits only plain numbers here (digits and one '.', one width for the whole shape): int()/float() of the
+    bytes equal units.convert, and the largest number is the largest byte string."""
+
+    def __init__(self, slot, recs: list[bytes], offset: int, name: str) -> None:
+        x = next((x for x in slot.numbers if x.name == name), None)
+        self.present = x is not None
+        if x is not None:
+            a, b = x.start + offset, x.end + offset
+            self.conv = int if x.unit.lower() in _INT_UNITS else float
+            self.raw = [r[a:b] for r in recs]
+
+    def max(self) -> Any:
+        return self.conv(max(self.raw))
+
+    def values(self) -> list:
+        return list(map(self.conv, self.raw))
+
+
+TRACKED_NUMBERS = ("preemptions_cumulative", "preemptions", "kv_usage_percent", "running_reqs", "waiting_reqs")
+
+
+def _fold_rejections(b: RuntimeTracker, recs: list[bytes], offset: int, materialize: Callable) -> None:
+    b.rejection_count += len(recs)
+    first = int(recs[0][:offset - 1])
+    if len(b.rejections) >= 20 and max(r.n for r in b.rejections) < first:
+        return
+    new = [materialize(r) for r in recs[:20]]
+    b.rejections = sorted(b.rejections + [m for m in new if m is not None], key=lambda m: m.n)[:20]
+
+
+def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes], offset: int) -> None:
+    kv_max = kv.max() if kv.present else None
+    w_max = waiting.max() if waiting.present else None
+    if kv_max is not None:
+        b.max_kv_usage = max(b.max_kv_usage or 0.0, kv_max)
+    if w_max is not None:
+        b.max_waiting = max(b.max_waiting or 0, w_max)
+    if kv_max is None or kv_max < KV_PRESSURE_PERCENT or w_max is None or w_max <= 0:
+        return
+    hot = [i for i, (k, q) in enumerate(zip(kv.values(), waiting.values())) if k >= KV_PRESSURE_PERCENT and q > 0]
+    if hot:
+        b.pressure_samples += len(hot)
+        n = int(recs[hot[0]][:offset - 1])
+        if b.first_pressure is None or n < b.first_pressure:
+            b.first_pressure = n
+
+
+def fold_many(slot, recs: list[bytes], offset: int, materialize: Callable) -> None:
+    """Fold the lines ``recs`` (grep records ``N:line`` of one shape, ``offset`` bytes of prefix) into ``slot.bucket``
+    as ``RuntimeTracker._fold`` would fold each one's match, except the timeline samples, which the matcher takes
+    line by line (their order across shapes matters). ``materialize(rec)`` gives a record's full Match."""
+    b = slot.bucket
+    if slot.rule.role == "serving":      # serving evidence: its first line (the shape's first, matched in full) is kept
+        return
+    if slot.rule.klass == "admission_rejection":
+        _fold_rejections(b, recs, offset, materialize)
+        return
+    names = {x.name for x in slot.numbers}
+    if "preemptions_cumulative" in names:
+        cum = _Lazy(slot, recs, offset, "preemptions_cumulative").max()
+        b.preemption_cumulative = max(b.preemption_cumulative or 0, int(cum))
+    if "preemptions" in names:
+        b.preemption_events += sum(int(v) for v in _Lazy(slot, recs, offset, "preemptions").values())
+    if "kv_usage_percent" in names or "running_reqs" in names:
+        _fold_stats(b, _Lazy(slot, recs, offset, "kv_usage_percent"), _Lazy(slot, recs, offset, "waiting_reqs"),
+                    recs, offset)
+    elif "preemptions" not in names and "preemptions_cumulative" not in names:
+        b.preemption_events += len(recs)
+        b.preemption_cumulative = max(b.preemption_cumulative or 0, b.preemption_events)
+
+
+def samples_numbers(slot) -> bool:
+    """Whether matches of this slot's rule give timeline samples (see ``RuntimeTracker._fold``)."""
+    if slot.rule.klass == "admission_rejection":
+        return False
+    names = {x.name for x in slot.numbers}
+    return "kv_usage_percent" in names or "running_reqs" in names

@@ -1,0 +1,165 @@
+"""The shape cache of match.LineMatcher gives exactly what the full matcher gives on every line: the same
+matches, detection counts, versions, runtime summary (timeline samples included) and hits — on the real
+fixtures, on stats-heavy serving lines of many shapes, and on lines whose digits were changed at random.
+And it is really used: a stats-heavy stream takes the full matcher once per shape, not once per line."""
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oomdoctor.diagnose import match as matching
+from oomdoctor.diagnose.classify import diagnose_file
+from oomdoctor.diagnose.rules import default_rules
+from oomdoctor.diagnose.shapes import digit_uniform, mask
+from oomdoctor.diagnose.signals import MAX_SAMPLES, RuntimeTracker
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+FIX = LOGS / "vllm-0.25.1-h200"
+RULES = default_rules()
+ENGINES = list(RULES.engines.values())
+
+
+def _result(lm: matching.LineMatcher, rt: RuntimeTracker, hits: dict):
+    rt.select(lambda engine, versions: True)
+    return ([(m.rule.id, m.n, m.line.msg, m.numbers, m.groups) for m in lm.matches], lm.counts, lm.versions,
+            rt.summary(), hits)
+
+
+def full(lines):
+    """The reference: every line through the full matcher."""
+    rt, hits = RuntimeTracker(), {}
+    lm = matching.LineMatcher(RULES.rules, ENGINES, rt, hits)
+    for n, raw in lines:
+        lm.add(n, raw)
+    return _result(lm, rt, hits)
+
+
+def cached(lines, batch=None):
+    rt, hits = RuntimeTracker(), {}
+    lm = matching.LineMatcher(RULES.rules, ENGINES, rt, hits)
+    lines = list(lines)
+    step = batch or len(lines) or 1
+    for i in range(0, len(lines), step):
+        lm.add_pairs(lines[i:i + step])
+    return _result(lm, rt, hits), lm
+
+
+def block_fed(lines):
+    """As diagnose feeds grep's output: blocks of N:line records."""
+    rt, hits = RuntimeTracker(), {}
+    lm = matching.LineMatcher(RULES.rules, ENGINES, rt, hits)
+    recs = [b"%d:%s" % (n, raw) for n, raw in lines]
+    for i in range(0, len(recs), 777):
+        lm.add_block(b"\n".join(recs[i:i + 777]))
+    return _result(lm, rt, hits)
+
+
+def candidate_lines(path: Path) -> list[tuple[int, bytes]]:
+    return [(n, ln.rstrip(b"\r")) for n, ln in enumerate(path.read_bytes().split(b"\n"), 1) if ln]
+
+
+@pytest.mark.parametrize("rel", sorted(p.relative_to(LOGS).as_posix() for p in LOGS.rglob("*.log")))
+def test_every_fixture_same_as_the_full_matcher(rel):
+    lines = candidate_lines(LOGS / rel)
+    ref = full(lines)
+    assert cached(lines)[0] == ref
+    assert cached(lines, batch=7)[0] == ref
+
+
+STATS = (b"(APIServer pid=4392) INFO 11-29 %02d:%02d:%02d [loggers.py:273] Engine 000: Avg prompt throughput: %.1f "
+         b"tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, %s"
+         b"GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%")
+REJECT = (b"(APIServer pid=4392) ERROR 11-29 %02d:%02d:%02d [serving.py:1] This model's maximum context length is "
+          b"%d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.")
+ACCESS = b'(APIServer pid=4392) INFO:     127.0.0.1:%d - "POST /v1/completions HTTP/1.1" 200 OK'
+
+
+def serving_lines(n_lines: int, seed: int) -> list[tuple[int, bytes]]:
+    """A serving log's candidate lines: stats lines of many shapes (numbers of every width, with and without
+    the 0.25 'Preemptions: N' field, KV pressure now and then), rejected requests, the real start-up."""
+    rnd = random.Random(seed)
+    out = candidate_lines(FIX / "Eserve_pass.log")[:120]
+    n = out[-1][0]
+    for i in range(n_lines):
+        n += rnd.randint(1, 3)
+        s = i * 10
+        if rnd.random() < 0.05:
+            out.append((n, REJECT % (s // 3600 % 24, s // 60 % 60, s % 60, 32768, rnd.randint(32769, 99999))))
+            continue
+        pre = b"Preemptions: %d, " % rnd.randint(1, 40) if rnd.random() < 0.1 else b""
+        hot = rnd.random() < 0.1
+        out.append((n, STATS % (s // 3600 % 24, s // 60 % 60, s % 60, rnd.uniform(0, 99999), rnd.uniform(0, 9999),
+                                rnd.randint(0, 300), rnd.randint(1, 400) if hot else rnd.choice((0, 0, 1)), pre,
+                                rnd.uniform(95, 100) if hot else rnd.uniform(0, 99.9), rnd.uniform(0, 100))))
+    return out
+
+
+def test_stats_heavy_lines_same_as_the_full_matcher_and_once_per_shape():
+    lines = serving_lines(3 * MAX_SAMPLES, seed=1)          # past MAX_SAMPLES: the timeline's stride doubles
+    ref = full(lines)
+    got, lm = cached(lines, batch=1000)
+    assert got == ref
+    assert block_fed(lines) == ref
+    summary = ref[3]
+    assert summary["stats_lines"] > 2 * MAX_SAMPLES and summary["kv_pressure_samples"] > 100
+    assert summary["preemptions"] > 0 and summary["rejected_requests"] > 20
+    shapes = {mask(b"%d:%s" % (n, raw)) for n, raw in lines}
+    slow = [p for p in lm._plans.values() if p.pending is None]
+    assert len(lm._plans) == len(shapes) < len(lines) // 4
+    assert len(slow) < len(lm._plans) // 2           # the stats and rejection shapes are fast
+
+
+def test_full_matcher_runs_once_per_shape(monkeypatch):
+    lines = [(n, raw) for n, raw in serving_lines(2000, seed=2) if b"Engine 000" in raw]
+    calls = []
+    orig = matching.LineMatcher._match
+    monkeypatch.setattr(matching.LineMatcher, "_match", lambda self, n, raw: calls.append(n) or orig(self, n, raw))
+    _, lm = cached(lines)
+    assert len(calls) == len({mask(b"%d:%s" % (n, raw)) for n, raw in lines}) < len(lines) // 3
+
+
+def _mutate(line: bytes, rnd: random.Random) -> bytes:
+    return re.sub(rb"\d", lambda m: str(rnd.randint(0, 9)).encode(), line)
+
+
+ALL = [raw for p in sorted(FIX.glob("*.log")) for _, raw in candidate_lines(p)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(picks=st.lists(st.integers(min_value=0, max_value=len(ALL) - 1), min_size=1, max_size=30),
+       repeat=st.integers(min_value=1, max_value=30), seed=st.integers(min_value=0, max_value=2**16))
+def test_lines_with_other_digits_same_as_the_full_matcher(picks, repeat, seed):
+    """Same-shape lines (only digits changed) repeated: a config line 'utilization ... 1.0. Got 1.5' whose
+    regex tests a literal digit, version lines, numbers that overflow a width — the cache must never differ."""
+    rnd = random.Random(seed)
+    lines = [(n, _mutate(ALL[picks[n % len(picks)]], rnd)) for n in range(1, len(picks) * repeat + 1)]
+    assert cached(lines, batch=13)[0] == full(lines)
+
+
+def test_digit_uniform_regexes():
+    assert digit_uniform(r"Running: (?P<r>\d+) reqs, .*?GPU KV cache usage: (?P<kv>\d+(?:\.\d+)?)%")
+    assert digit_uniform(r"[^0-9]+[\w.]+\s\S{3}")
+    assert not digit_uniform(r"must be less than 1\.0")          # a literal digit
+    assert not digit_uniform(r"Waiting: [1-9]\d*")               # a class with some digits
+    assert not digit_uniform(r"(?P<a>\d+) == (?P=a)")            # a backreference compares the digits
+    assert not digit_uniform(r"[^0]")
+
+
+@pytest.mark.slow
+def test_diagnose_of_a_stats_heavy_log_grep_and_python_agree(tmp_path):
+    lines = serving_lines(2 * MAX_SAMPLES, seed=3)
+    log = tmp_path / "serve.log"
+    body, last = [], 0
+    for n, raw in lines:
+        body.extend([ACCESS % (30000 + k) for k in range(n - last - 1)])
+        body.append(raw)
+        last = n
+    log.write_bytes(b"\n".join(body) + b"\n")
+    g, p = diagnose_file(log, RULES, scanner="auto"), diagnose_file(log, RULES, scanner="python")
+    assert (g.klass, g.rule, g.numbers, g.runtime, g.hits) == (p.klass, p.rule, p.numbers, p.runtime, p.hits)
+    assert g.klass == "kv_preemption" and g.runtime["stats_lines"] == sum(b"Engine 000" in r for _, r in lines)
