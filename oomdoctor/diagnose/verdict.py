@@ -94,6 +94,12 @@ def classify_root(root: Match | None, roots: list[Match], cascades: list[Match],
             call = PhaseCall("none", call.basis, call.confidence, call.detail, call.line)
         v.klass, v.rule, v.message, v.levers = k, root.rule.id, root.rule.message, list(root.rule.levers)
         v.phase, v.basis, v.basis_kind, v.confidence = call.phase or "none", call.detail, call.basis, call.confidence
+        fixed = contract.CLASSES.get(k, {}).get("phase", "none")
+        if fixed != "none" and fixed != v.phase:
+            # the contract fixes a class's phase; the phase seen is the engine's step that maps to it
+            # (llama.cpp's cuBLAS handle made at the end of its load is the warm-up of the contract)
+            v.basis = f"{call.detail}; the engine's step seen ({v.phase}) is the contract's {fixed}"
+            v.phase = fixed
         if call.basis == "likely" or (call.confidence == "low" and k not in contract.NO_MEMORY_FAILURE):
             v.settle = settle
             notes.append(f"phase {v.phase} is the most likely one, not seen in the paste; lines that would settle it: "
