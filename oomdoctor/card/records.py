@@ -39,6 +39,7 @@ class Workload(TypedDict, total=False):
     co_tenant_bytes: int | None
     baseline: dict[str, Any] | None
     harness_cmd: list[str] | str
+    header_dropped: list[str]          # what a log header said about the launch and was not taken (data only)
 
 
 class Lever(TypedDict, total=False):
