@@ -25,7 +25,7 @@ from oomdoctor.card.records import Attempt, CardDict, Lever, Workload
 from oomdoctor.errors import CardError
 from oomdoctor.redact import redact_obj
 
-__all__ = ["Card", "SCHEMA_ID", "append_attempt", "atomic_write", "check", "check_replace", "dumps", "load",
+__all__ = ["Card", "SCHEMA_ID", "append_attempt", "atomic_write", "check", "check_replace", "dumps", "load", "refuse_special",
            "load_dict", "locked", "new_id", "now_iso", "save", "schema", "validate"]
 
 SCHEMA_ID = "oomdoctor.incident/v1"

@@ -188,7 +188,8 @@ def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, se
     env = wl.get("env")
     wl["env"] = redact_env({str(k): str(v) for k, v in env.items()}) if isinstance(env, dict) else {}
     wl.setdefault("requests", Requests(**DEFAULT_REQUESTS))
-    wl["resolved"] = {**resolved, **(wl.get("resolved") if isinstance(wl.get("resolved"), dict) else {})}
+    own = wl.get("resolved")
+    wl["resolved"] = {**resolved, **(own if isinstance(own, dict) else {})}
     wl["source"] = "oomdoctor record header (data only)"
     if dropped:
         wl["header_dropped"] = [str(x)[:80] for x in dropped[:16]]
