@@ -78,7 +78,7 @@ def resolve_launch(argv: tuple[str, ...], serving_config: Path | None, profile: 
 
 def record(argv: list[str], sc: Any, requests: dict[str, int], emulate: str | None, target: str | None,
            out: Path | None, receipt_path: Path | None, gpu_index: int, timeout_s: float,
-           progress: Callable[[str], None]) -> tuple[CardDict, Path, Any]:
+           progress: Callable[[str], None], sign_key: Path | None = None) -> tuple[CardDict, Path, Any]:
     """Run the launch once and write its card; (the card as written, its path, the diagnosis)."""
     from oomdoctor.card import store as cardmod
     from oomdoctor.card.build import build_card
@@ -117,5 +117,9 @@ def record(argv: list[str], sc: Any, requests: dict[str, int], emulate: str | No
     if sc is not None and target is not None:
         rc_path = write_gate_receipt(sc, written, diag, rr, target, before, receipt_path, log_path)
         outcome = rcpt_outcome(rc_path)
+        if sign_key is not None:
+            from oomdoctor.gate.signing import sign
+
+            progress(f"receipt signed: {sign(rc_path, sign_key)}")
         progress(f"receipt: {rc_path} ({outcome})")
     return written, path, diag

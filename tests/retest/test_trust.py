@@ -192,3 +192,17 @@ def test_a_live_run_of_the_same_card_is_refused_with_its_pids(tmp_path: Path) ->
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     assert not _alive(pids)
+
+
+def test_ladder_of_a_card_refuses_its_command_without_trust(tmp_path: Path) -> None:
+    from tests.conftest import invoke
+
+    canary = tmp_path / "CANARY"
+    card = tmp_path / "c.yaml"
+    assert invoke("diagnose", FX / "D_fail.log", "--out", card, "--no-device").rc == 0
+    d = cardmod.load_dict(card)
+    d["workload"].update(launcher="command", argv=["sh", "-c", f"id > {canary}"])
+    cardmod.save(d, card)
+    r = invoke("ladder", card, "--low", "3GiB", "--high", "12GiB", "--no-ballast")
+    assert r.rc == 2 and not canary.exists()
+    assert r.err.startswith("oomdoctor: error: refusing to run what the card says without --trust-card")
