@@ -201,6 +201,7 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
         return 0, {"dry_run": True, "lever": lever["id"], "change": lever.get("change", {}), "argv": redact_argv(p.argv),
                    "description": p.description, "config_fingerprint": fp, "mode": mode,
                    "needs_trust_card": untrusted(p.workload)}, card
+    cardmod.refuse_special(Path(card_path), "card")        # the attempt must be writable back: refuse before a run
     if mode == "twin":
         return _twin(card_path, attempt, lever, p)
     require_trusted(p.workload, trust_card)
