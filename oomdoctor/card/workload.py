@@ -177,7 +177,10 @@ def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, se
     it is one oomdoctor builds the command of itself (else derived from the engine's lines, as for any log)."""
     wl = cast(Workload, {k: raw[k] for k in HEADER_DATA if k in raw})
     launcher = raw.get("launcher")
-    dropped = sorted(k for k in raw if k not in HEADER_DATA and k not in ("launcher", "source"))
+    if launcher in HEADER_LAUNCHERS and isinstance(raw.get("argv"), list):
+        wl["argv"] = redact_argv([str(a) for a in raw["argv"]])[:256]     # the engine's own argv, kept as data: a
+        #                                                                   derived launcher never runs it
+    dropped = sorted(k for k in raw if k not in HEADER_DATA and k not in ("launcher", "source") and k not in wl)
     if launcher not in HEADER_LAUNCHERS:
         if launcher is not None:
             dropped.append(f"launcher {str(launcher)[:40]!r}")
