@@ -21,7 +21,6 @@ API (used by ``oomdoctor record`` to write and by ``oomdoctor gate`` to read):
 """
 from __future__ import annotations
 
-import copy
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,11 +29,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from oomdoctor import __version__
 from oomdoctor.card import store as cardmod
 from oomdoctor.errors import BadInput
 from oomdoctor.card.fingerprint import fingerprint as _fingerprint
-from oomdoctor.redact import redact_obj
 
 SCHEMA_ID = "oomdoctor.receipt/v1"
 CARD_SCHEMA_ID = cardmod.SCHEMA_ID
@@ -121,6 +118,16 @@ class FoundAttempt:
     effective_config: dict | None   # the attempt's (or its receipt's) effective config, when recorded
     consistent: bool = True         # False: the recorded effective config does not hash to the fingerprint
     problems: list[str] = field(default_factory=list)
+    _verified: list[str] | None = field(default=None, repr=False, compare=False)
+
+    def unverified(self) -> list[str]:
+        """Why the run's own log does not back this attempt ([]: it does); read once, on demand."""
+        if self._verified is None:
+            from oomdoctor.card.verify import verify_attempt
+
+            self._verified = verify_attempt(self.attempt, self.path, self.effective_config or {}) \
+                if self.effective_config is not None else ["it records no effective config"]
+        return self._verified
 
     @property
     def n(self) -> int | None:
@@ -154,10 +161,14 @@ class FoundAttempt:
         td = (self.target_device or "").strip().lower()
         return bool(td) and td in {str(t).strip().lower() for t in targets}
 
-    def is_passing(self, targets: Iterable[str] | None = None) -> bool:
-        """Counts as a receipt for its fingerprint: pass, real engine, on one of ``targets``, consistent."""
+    def claims_pass(self, targets: Iterable[str] | None = None) -> bool:
+        """Says it passed: pass, real engine, on one of ``targets``, consistent (its log not read yet)."""
         return (self.consistent and not self.problems and self.outcome == "pass" and self.mode == "real"
                 and self.on_target(targets))
+
+    def is_passing(self, targets: Iterable[str] | None = None) -> bool:
+        """Counts as a receipt for its fingerprint: claims a pass AND its own log shows it (:mod:`.verify`)."""
+        return self.claims_pass(targets) and not self.unverified()
 
     def where(self, root: Path | None = None) -> str:
         p = self.path
@@ -286,101 +297,6 @@ def find_passing(repo_root: str | os.PathLike, fingerprint: str, targets: Iterab
     return sorted(hits, key=lambda f: f.at, reverse=True)
 
 
-# ----------------------------------------------------------------------------- writing
-def receipt_filename(effective_config: dict) -> str:
-    return _fingerprint(effective_config).split(":", 1)[1][:16] + ".yaml"
-
-
-def _check_effective_config(ec: Any) -> None:
-    if not isinstance(ec, dict):
-        raise BadInput("receipt: effective_config must be the dict made by oomdoctor.card.fingerprint.effective_config")
-    errs = cardmod.validate(ec, EFFECTIVE_CONFIG_SCHEMA, "effective_config")
-    if errs:
-        raise BadInput(f"receipt: invalid field {errs[0]}")
-
-
-def _prepare_attempt(ec: dict, fp: str, attempt: dict) -> dict:
-    if not isinstance(attempt, dict):
-        raise BadInput("receipt: the attempt must be a dict")
-    a = copy.deepcopy(attempt)
-    if a.get("config_fingerprint") not in (None, fp):
-        raise BadInput(f"receipt: the attempt's config_fingerprint {a['config_fingerprint']} is not the effective "
-                       f"config's {fp}")
-    if a.get("effective_config") not in (None, ec):
-        raise BadInput("receipt: the attempt's effective_config is not the receipt's")
-    eng = a.get("engine")
-    if not isinstance(eng, dict) or not eng.get("name"):
-        raise BadInput("receipt: attempt.engine: required field is missing ({name, version, mode})")
-    if eng.get("name") != ec["engine"]:
-        raise BadInput(f"receipt: attempt.engine.name {eng.get('name')!r} is not the config's engine {ec['engine']!r}")
-    if "version" in eng and eng.get("version") != ec["engine_version"]:
-        raise BadInput(f"receipt: attempt.engine.version {eng.get('version')!r} is not the version in the effective "
-                       f"config {ec['engine_version']!r}")
-    eng.setdefault("version", ec["engine_version"])
-    if not a.get("target_device"):
-        raise BadInput("receipt: attempt.target_device: required field is missing (the device it ran on, or the "
-                       "named card it emulated)")
-    a.setdefault("at", cardmod.now_iso())
-    a.setdefault("lever", "none")
-    a.setdefault("change", {})
-    a.setdefault("oomdoctor_version", __version__)
-    a["config_fingerprint"] = fp
-    a["effective_config"] = copy.deepcopy(ec)
-    return a
-
-
-def write_receipt(path: str | os.PathLike, effective_config: dict, attempt: dict, *,
-                  source: dict | None = None) -> Path:
-    """Append ``attempt`` to the receipt for ``effective_config`` at ``path`` and return the file written.
-
-    ``path`` is a file, or an existing folder (or one ending in '/'), in which case the file is
-    ``<folder>/<first 16 hex of the fingerprint>.yaml``. The attempt needs ``outcome`` and ``engine``
-    ({name, version, mode}) and ``target_device``; ``n``, ``at``, ``lever`` ('none'), ``change`` ({}),
-    ``config_fingerprint`` and ``effective_config`` are filled in. ``source`` (e.g. {"path": ..., "profile": ...})
-    says which serving config was recorded; it is informational only. Raises BadInput when the attempt does
-    not belong to the effective config, or when the file at ``path`` is a receipt for another config.
-    """
-    _check_effective_config(effective_config)
-    ec = copy.deepcopy(effective_config)
-    fp = _fingerprint(ec)
-    p = Path(path)
-    if p.is_dir() or str(path).endswith(("/", os.sep)):
-        p = p / receipt_filename(ec)
-    a = _prepare_attempt(ec, fp, attempt)
-    with cardmod.locked(p):
-        if p.exists():
-            try:
-                d = _load_yaml(p)
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-                raise BadInput(f"{p}: an existing file that is not a readable receipt ({type(e).__name__}); "
-                               f"not overwritten")
-            if not isinstance(d, dict) or d.get("schema") != SCHEMA_ID:
-                raise BadInput(f"{p}: exists and is not an {SCHEMA_ID} receipt; not overwritten")
-            if d.get("config_fingerprint") != fp:
-                raise BadInput(f"{p}: is the receipt of {d.get('config_fingerprint')}, not of {fp}; one receipt "
-                               f"holds one effective config")
-            attempts = list(d.get("attempts") or [])
-        else:
-            d = {"schema": SCHEMA_ID, "oomdoctor_version": __version__, "created_at": cardmod.now_iso(),
-                 "config_fingerprint": fp, "effective_config": ec}
-            if source:
-                d["source"] = dict(source)
-            attempts = []
-        ns: list[int] = [x["n"] for x in attempts if isinstance(x, dict) and isinstance(x.get("n"), int)]
-        a = {"n": (max(ns) + 1) if ns else 1, **{k: v for k, v in a.items() if k != "n"}}
-        attempts.append(a)
-        d["attempts"] = attempts
-        d = redact_obj(d)
-        if d["effective_config"] != ec or _fingerprint(d["effective_config"]) != fp:
-            raise BadInput("receipt: the effective config holds what looks like a secret; it cannot be written "
-                           "without changing its fingerprint")
-        errs = cardmod.validate(d, receipt_schema())
-        if errs:
-            raise BadInput(f"{p}: invalid field {errs[0]}")
-        cardmod.atomic_write(p, cardmod.dumps(d))
-    return p
-
-
 def read_receipt(path: str | os.PathLike) -> dict:
     """Load and check one receipt (BadInput naming the field when it is not a valid receipt)."""
     p = Path(path)
@@ -398,3 +314,6 @@ def read_receipt(path: str | os.PathLike) -> dict:
     if _fingerprint(d["effective_config"]) != d["config_fingerprint"]:
         raise BadInput(f"{p}: effective_config does not hash to config_fingerprint")
     return d
+
+
+from oomdoctor.card.receipt_write import receipt_filename, write_receipt  # noqa: E402  (uses this module's schema)

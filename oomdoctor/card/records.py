@@ -42,6 +42,7 @@ class Workload(TypedDict, total=False):
     env_revealed: list[dict[str, Any]]  # env variables the engine's own lines state, each with its line
     parallel: dict[str, int]            # tensor/pipeline/data parallel sizes resolved, and the GPUs they need
     port: int                           # the server's port (explicit --port or "Starting vLLM server on ...")
+    header_dropped: list[str]          # what a log header said about the launch and was not taken (data only)
 
 
 class Lever(TypedDict, total=False):

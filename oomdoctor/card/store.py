@@ -7,24 +7,26 @@ under a lock so that earlier attempts are never lost.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import fcntl
 import json
 import os
 import re
-import tempfile
+import stat
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Mapping, cast
+from typing import Any, Mapping, cast
 
 import yaml
 
 from oomdoctor import __version__
+from oomdoctor.card.locking import atomic_write, locked, refuse_special
 from oomdoctor.card.records import Attempt, CardDict, Lever, Workload
 from oomdoctor.errors import CardError
 from oomdoctor.redact import redact_obj
+
+__all__ = ["Card", "SCHEMA_ID", "append_attempt", "atomic_write", "check", "check_replace", "dumps", "load", "refuse_special",
+           "load_dict", "locked", "new_id", "now_iso", "save", "schema", "validate"]
 
 SCHEMA_ID = "oomdoctor.incident/v1"
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "incident-card.schema.json"
@@ -187,46 +189,44 @@ def dumps(d: dict) -> str:
     return yaml.dump(d, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    path = Path(path)
+def _attempt_keys(d: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    return [(a.get("n"), a.get("at")) for a in d.get("attempts") or [] if isinstance(a, dict)]
+
+
+def check_replace(path: Path, new: Mapping[str, Any]) -> None:
+    """``path`` may be replaced by the card ``new``: it is missing, or a card whose attempts ``new`` all keeps.
+    A FIFO, device node, symlink or folder, a file that is not a card, or a card whose attempts would be
+    dropped is refused (CardError naming what is there)."""
+    refuse_special(path)
+    if not path.exists():
+        return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    except OSError as e:
-        raise CardError(f"{path}: the card cannot be written ({e.strerror or e})")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.replace(tmp, path)
-        except OSError as e:
-            raise CardError(f"{path}: the card cannot be written ({e.strerror or e})")
-        with contextlib.suppress(OSError):
-            dfd = os.open(str(path.parent), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        old = load_dict(path)
+    except CardError:
+        raise CardError(f"{path}: exists and is not an incident card; not overwritten (give another --out)")
+    kept = set(_attempt_keys(new))
+    lost = [n for n, at in _attempt_keys(old) if (n, at) not in kept]
+    if lost:
+        raise CardError(f"{path}: holds {len(_attempt_keys(old))} attempt(s) (n={', '.join(map(str, lost))}) that the new "
+                        f"card would drop; not overwritten (give another --out)")
 
 
 def save(card: Card | CardDict | dict, path: str | os.PathLike) -> Path:
+    """Validate, redact and write a card atomically, under the folder lock; see :func:`check_replace`."""
     d = card.to_dict() if isinstance(card, Card) else dict(card)
     if isinstance(card, Card):
         d.update(card._extra)
     d = redact_obj(d)
     check(d, str(path))
-    atomic_write(Path(path), dumps(d))
+    with locked(path):
+        check_replace(Path(path), d)
+        atomic_write(Path(path), dumps(d))
     return Path(path)
 
 
 def load_dict(path: str | os.PathLike) -> CardDict:
     p = Path(path)
+    refuse_special_read(p)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -242,26 +242,18 @@ def load_dict(path: str | os.PathLike) -> CardDict:
     return cast(CardDict, d)
 
 
+def refuse_special_read(p: Path) -> None:
+    """A card is read from a regular file only (a FIFO would hang the reader, a device node never ends)."""
+    try:
+        st = os.stat(p)
+    except OSError:
+        return                      # missing: the reader says "no such card"
+    if not stat.S_ISREG(st.st_mode):
+        raise CardError(f"{p}: not a regular file; a card is read from a regular file only")
+
+
 def load(path: str | os.PathLike) -> Card:
     return Card.from_dict(load_dict(path))
-
-
-@contextlib.contextmanager
-def locked(path: str | os.PathLike) -> Iterator[None]:
-    lock = Path(str(path) + ".lock")
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        f = open(lock, "w")
-    except OSError as e:
-        raise CardError(f"{path}: the card cannot be locked for writing ({e.strerror or e})")
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            with contextlib.suppress(OSError):
-                lock.unlink()
 
 
 def append_attempt(path: str | os.PathLike, attempt: Attempt, updates: dict[str, Any] | None = None) -> Attempt:

@@ -152,11 +152,8 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     header = read_header(path)
     explicit, resolved, serve = _ledger(matches)
     record = header.get("record") or {}
-    if record:
-        recorded = cast(Workload, dict(record.get("workload") or {}))
-        recorded.setdefault("source", "oomdoctor record header")
-        recorded["resolved"] = {**resolved, **recorded.get("resolved", {})}
-        return recorded
+    if isinstance(record.get("workload"), dict):
+        return _header_workload(record["workload"], resolved, engine, serve)
     model = explicit.get("model") or explicit.get("model_tag") or resolved.get("model")
     settings = {k: v for k, v in explicit.items() if k not in NOT_SETTINGS and k != "model"}
     env: dict[str, Any] = header["env"] if isinstance(header.get("env"), dict) else {}
@@ -244,6 +241,40 @@ def _parallel(wl: Workload, resolved: dict[str, Any], settings: dict[str, Any]) 
             settings[k] = n
             wl["explicit_args"] = sorted(settings)
     wl["parallel"] = {**sizes, "gpus": gpus}
+
+
+# what a log's header may say about its workload: data only (never a command to run: launcher "command",
+# argv, base_args are dropped; the launcher is derived from the engine's own lines or is oomdoctor's own)
+HEADER_LAUNCHERS = ("vllm-serve", "vllm-llm")
+HEADER_DATA = ("model", "model_revision", "engine_args", "explicit_args", "resolved", "env", "requests", "baseline",
+               "free_at_start_bytes", "free_at_start_source", "gpu_total_bytes", "emulate_free_bytes")
+
+
+def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, serve: bool) -> Workload:
+    """An ``# oomdoctor-record:`` header's workload, as data: its fields of HEADER_DATA; the launcher only when
+    it is one oomdoctor builds the command of itself (else derived from the engine's lines, as for any log)."""
+    wl = cast(Workload, {k: raw[k] for k in HEADER_DATA if k in raw})
+    launcher = raw.get("launcher")
+    if launcher in HEADER_LAUNCHERS and isinstance(raw.get("argv"), list):
+        wl["argv"] = redact_argv([str(a) for a in raw["argv"]])[:256]     # the engine's own argv, kept as data: a
+        #                                                                   derived launcher never runs it
+    dropped = sorted(k for k in raw if k not in HEADER_DATA and k not in ("launcher", "source") and k not in wl)
+    if launcher not in HEADER_LAUNCHERS:
+        if launcher is not None:
+            dropped.append(f"launcher {str(launcher)[:40]!r}")
+        launcher = ("vllm-serve" if serve else "vllm-llm") if engine == "vllm" else "unknown"
+    wl["launcher"] = launcher
+    if not isinstance(wl.get("engine_args"), dict):
+        wl["engine_args"] = {}
+    env = wl.get("env")
+    wl["env"] = redact_env({str(k): str(v) for k, v in env.items()}) if isinstance(env, dict) else {}
+    wl.setdefault("requests", Requests(**DEFAULT_REQUESTS))
+    own = wl.get("resolved")
+    wl["resolved"] = {**resolved, **(own if isinstance(own, dict) else {})}
+    wl["source"] = "oomdoctor record header (data only)"
+    if dropped:
+        wl["header_dropped"] = [str(x)[:80] for x in dropped[:16]]
+    return wl
 
 
 def _shlex_ok(s: str) -> bool:

@@ -96,11 +96,13 @@ def print_table(ladder: dict, file=None) -> None:
 @click.option("--prompt-tokens", type=int, default=8, show_default=True, help="With -- CMD: the requests to serve.")
 @click.option("--max-tokens", type=int, default=16, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the ladder object as JSON on stdout.")
+@click.option("--trust-card", is_flag=True,
+              help="Run a CARD's workload even where oomdoctor did not derive it (a 'command' launcher: the card's own argv).")
 @click.pass_context
 def command(ctx: click.Context, card: Path | None, precision: str, low: str | None, high: str | None, floor_: str,
             declared: str | None, profile_file: Path | None, profile_name: str | None, out: Path | None, gpu_index: int,
             timeout_s: float, memory_timeout_s: float, max_starts: int | None, fresh: bool, no_ballast: bool,
-            prompt_tokens: int, max_tokens: int, as_json: bool) -> int:
+            prompt_tokens: int, max_tokens: int, as_json: bool, trust_card: bool) -> int:
     """Measure the smallest free memory at which CARD's workload (or the command after --) starts AND serves.
 
     Bisection over the free memory a ballast leaves; each rung is written to the card as it is measured and a
@@ -136,6 +138,10 @@ def command(ctx: click.Context, card: Path | None, precision: str, low: str | No
         dec = read_profile(profile_file, profile_name)
     card_dict = None
     card_path = card
+    if card is not None:                # a card is data: run only what oomdoctor derives itself, unless told
+        from oomdoctor.retest.trust import require_trusted
+
+        require_trusted(cardmod.load_dict(card).get("workload") or {}, trust_card)
     if argv is not None:
         fresh_card = card_for_command(argv, {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens})
         if out is not None:

@@ -24,6 +24,8 @@ from oomdoctor import contract
               help="The device the receipt is for: this GPU (e.g. nvidia-h200) or a named card to emulate (rtx4090).")
 @click.option("--receipt", "receipt_path", type=click.Path(path_type=Path), default=None,
               help="Receipt file or folder (default: the project's first receipts folder).")
+@click.option("--sign", "sign_key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Sign the receipt with this SSH private key (ssh-keygen -Y sign; for a project file with signers:).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Card path (default: incidents/<id>.yaml).")
 @click.option("--emulate", default=None, help="Leave this much memory free with a ballast (bytes, 24GiB, or a card name).")
 @click.option("--gpu", "gpu_index", type=int, default=0, show_default=True)
@@ -34,8 +36,8 @@ from oomdoctor import contract
 @click.option("--count", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | None, project_file: Path | None,
-            target: str | None, receipt_path: Path | None, out: Path | None, emulate: str | None, gpu_index: int,
-            timeout_s: float, prompt_tokens: int, max_tokens: int, concurrency: int, count: int, as_json: bool) -> int:
+            target: str | None, receipt_path: Path | None, sign_key: Path | None, out: Path | None,
+            emulate: str | None, gpu_index: int, timeout_s: float, prompt_tokens: int, max_tokens: int, concurrency: int, count: int, as_json: bool) -> int:
     """Run ARGV (after --), tee its log, diagnose it, write a card whose workload re-runs exactly that launch.
 
     With --serving-config, run that declared config on --target and append the attempt to a receipt
@@ -46,7 +48,7 @@ def command(argv: tuple[str, ...], serving_config: Path | None, profile: str | N
     argv_l, sc, emulate = resolve_launch(argv, serving_config, profile, project_file, target, emulate, gpu_index)
     requests = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "concurrency": concurrency, "count": count}
     card, path, diag = record(argv_l, sc, requests, emulate, target, out, receipt_path, gpu_index, timeout_s,
-                              lambda s: click.echo(s, err=True))
+                              lambda s: click.echo(s, err=True), sign_key=sign_key)
     if as_json:
         print_json(contract_json(dict(card), str(path)))
     else:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -45,8 +46,12 @@ def print_summary(card: CardDict) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Seconds for the engine start and the requests.")
 @click.option("--tolerance", type=float, default=0.10, show_default=True, help="Allowed performance change vs the baseline.")
 @click.option("--json", "as_json", is_flag=True, help="Print the attempt as JSON on stdout.")
+@click.option("--trust-card", is_flag=True,
+              help="Run what the card says even where oomdoctor did not derive it: a 'command' launcher (the card's own "
+                   "argv), code-loading engine arguments, its whole environment. Only for a card you wrote or checked.")
 def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine: str, emulate: str | None,
-            emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool) -> int:
+            emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool,
+            trust_card: bool) -> int:
     """Re-run the workload recorded in CARD with exactly one lever applied.
 
     Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input;
@@ -56,13 +61,15 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
 
     rc, attempt, after = retest(card, lever_id=lever_id, next_=next_, dry_run=dry_run, engine=engine,
                                 emulate=emulate or emulate_free, no_emulate=no_emulate, gpu_index=gpu_index,
-                                timeout_s=timeout_s, tolerance=tolerance)
+                                timeout_s=timeout_s, tolerance=tolerance, trust_card=trust_card)
     if as_json:
         sys.stdout.write(json.dumps(attempt, indent=2, default=str) + "\n")
     elif dry_run and attempt.get("mode") == "twin":
         click.echo("dry run: the twin engine (the memory model) would predict this change; no engine would run")
     elif dry_run:
-        click.echo("dry run: would run " + " ".join(attempt["argv"]))
+        click.echo("dry run: would run " + shlex.join(attempt["argv"]))
+        if attempt.get("needs_trust_card"):
+            click.echo("a real run needs --trust-card: " + "; ".join(attempt["needs_trust_card"]), err=True)
     if not dry_run:
         print_summary(after)
         inc = attempt.get("inconclusive")

@@ -3,7 +3,7 @@ job-summary Markdown table) and SARIF 2.1.0 for code scanning. The verdicts are 
 only writes them down.
 
 A result points at the line of its file that a reviewer should look at: the first setting the nearest receipt
-differs in (``max-num-seqs: 32``), else the profile's own line (``"long-128k": {``), else line 1.
+differs in (``max-num-seqs: 32``), else the first line changed against the gate's base, else the profile's own line (``"long-128k": {``), else line 1.
 """
 from __future__ import annotations
 
@@ -34,8 +34,30 @@ def _lines(root: Path, path: str) -> list[str]:
         return []
 
 
-def locate(root: Path, c: ConfigResult) -> int:
-    """The 1-based line of ``c.path`` to annotate (1 when nothing more precise is found)."""
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)")
+
+
+def first_changed_line(root: Path, path: str, base: str | None) -> int | None:
+    """The first line of ``path`` that differs from ``base`` (git's own diff of the working tree), or None."""
+    import subprocess
+
+    if not base:
+        return None
+    try:
+        out = subprocess.run(["git", "diff", "--no-color", "-U0", base, "--", path], cwd=root, capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for ln in out.splitlines():
+        m = _HUNK_RE.match(ln)
+        if m:
+            return max(1, int(m.group(1)))
+    return None
+
+
+def locate(root: Path, c: ConfigResult, base: str | None = None) -> int:
+    """The 1-based line of ``c.path`` to annotate: the first setting the nearest receipt differs in, else the
+    first line changed against ``base``, else the profile's own line, else 1."""
     lines = _lines(root, c.path)
     start = 0
     if c.profile is not None:
@@ -49,7 +71,8 @@ def locate(root: Path, c: ConfigResult) -> int:
         for i in range(start, len(lines)):
             if any(re.search(rf"(?<![A-Za-z0-9_-]){re.escape(n)}(?![A-Za-z0-9_-])", lines[i]) for n in names):
                 return i + 1
-    return start + 1
+    changed = first_changed_line(root, c.path, base) if c.profile is None else None
+    return changed or start + 1
 
 
 def _message(c: ConfigResult) -> str:
@@ -77,7 +100,7 @@ def github_annotations(res: GateResult, root: Path) -> list[str]:
         title = f"oomdoctor gate: {'passing retest' if c.status == 'pass' else 'no passing retest'} ({c.label})"
         props = [f"file={_esc_prop(c.path)}"]
         if c.change not in ("deleted",) and (root / c.path).is_file():
-            props.append(f"line={locate(root, c)}")
+            props.append(f"line={locate(root, c, res.merge_base or None)}")
         props.append(f"title={_esc_prop(title)}")
         out.append(f"::{level} {','.join(props)}::{_esc_data(_message(c))}")
     for n in res.notes:
@@ -117,7 +140,7 @@ def sarif(res: GateResult, root: Path, exit_code: int) -> dict[str, Any]:
         if c.status == "pass":
             continue
         code = c.reason_code if c.reason_code in RULES else "no_receipt"
-        region = {"startLine": locate(root, c)} if (root / c.path).is_file() else None
+        region = {"startLine": locate(root, c, res.merge_base or None)} if (root / c.path).is_file() else None
         loc: dict[str, Any] = {"artifactLocation": {"uri": c.path, "uriBaseId": "%SRCROOT%"}}
         if region:
             loc["region"] = region

@@ -16,7 +16,7 @@ PROJECT_FILE = ".oomdoctor.yaml"
 PROJECT_VERSION = 1
 KINDS = ("vllm-config", "serving-profiles", "serve-script", "env")
 ENGINES = ("vllm",)
-TOP_FIELDS = ("version", "defaults", "configs", "receipts", "incidents")
+TOP_FIELDS = ("version", "defaults", "configs", "receipts", "incidents", "signers")
 DECL_FIELDS = ("engine", "engine_version", "model", "model_revision", "targets", "env_file", "requires_free_bytes")
 ENTRY_FIELDS = ("path", "kind") + DECL_FIELDS
 
@@ -89,6 +89,7 @@ class Project:
     configs: list[ConfigEntry]
     receipts: list[str]             # repo-relative folders searched for receipts
     incidents: list[str]            # repo-relative folders searched for incident cards
+    signers: str | None = None      # repo-relative allowed_signers file: receipts must be signed (gate/signing.py)
 
     def entry_for(self, rel: str) -> ConfigEntry | None:
         for e in self.configs:
@@ -215,7 +216,8 @@ def parse_project(text: str, origin: str, base_dir: str = "", rel: str | None = 
     defaults = _defaults(d, origin)
     receipts, incidents = (_folders(d, key, origin, base_dir) for key in ("receipts", "incidents"))
     entries = [_entry(i, raw, defaults, origin, base_dir) for i, raw in enumerate(_configs_list(d, origin))]
-    return Project(origin, rel, entries, receipts, incidents)
+    signers = _repo_path(base_dir, d["signers"], f"{origin}: signers") if d.get("signers") is not None else None
+    return Project(origin, rel, entries, receipts, incidents, signers)
 
 
 def load_project(path: str | os.PathLike, repo_root: str | os.PathLike | None = None) -> Project:

@@ -11,6 +11,7 @@ from oomdoctor.gate.configs import ServingConfig, build_serving_configs
 from oomdoctor.gate.git import Git, GitTree, WorkTree
 from oomdoctor.gate.lookup import _instances, _project_for
 from oomdoctor.gate.project import ConfigEntry, Project, load_project, parse_project
+from oomdoctor.gate.signing import Signatures
 from oomdoctor.gate.verdict import ConfigResult, GateResult, record_command, verdict
 
 # ----------------------------------------------------------------------------- the gate
@@ -36,6 +37,20 @@ class _GateRun:
         self.renamed_old: set[str] = set()
         self.current: dict[str, ConfigEntry] = {}
         self.attempts: list[rcpt.FoundAttempt] = []
+        self.signatures: Signatures | None = None
+
+    def load_signers(self) -> None:
+        """The allowed signers, as at the base (a change cannot bring the key that signs its own receipts)."""
+        rel = self.project.signers
+        if rel is None:
+            return
+        text = self.base_tree.read(rel) if (self.base_project and self.base_project.signers == rel) else None
+        if text is None:
+            text = self.work.read(rel)
+            if text is None:
+                raise BadInput(f"{self.project.origin}: signers: {rel} does not exist")
+            self.notes.append(f"signers: {rel} is read from the working tree (it is new or moved since the base)")
+        self.signatures = Signatures(text, rel)
 
     def _base_project(self) -> Project | None:
         rel = self.project.rel
@@ -114,7 +129,7 @@ class _GateRun:
         if change is None:
             return
         old = self.changes.get(path, (None, None))[1]
-        status, code, reason, receipt, diff = verdict(sc, self.attempts, self.root)
+        status, code, reason, receipt, diff = verdict(sc, self.attempts, self.root, self.signatures)
         self.results.append(ConfigResult(
             path=path, profile=sc.profile, kind=sc.kind, change=change, status=status, reason_code=code,
             reason=reason, fingerprint=sc.fingerprint,
@@ -181,14 +196,18 @@ class _GateRun:
             else:
                 self._deleted(path, bc)
 
-    def undeclared_notes(self) -> None:
+    def undeclared(self) -> None:
+        """A serving config the base declared whose file is still here but which the project file no longer
+        declares is a FAIL: taking its entry out must not be a way around the gate."""
         if self.base_project is None:
             return
-        for e in self.base_project.configs:
-            if e.is_glob or e.path in self.current:
+        for path, e in _instances(self.base_project, self.base_tree):
+            if path in self.current or self.work.read(path) is None or self.project.entry_for(path) is not None:
                 continue
-            if self.work.read(e.path) is not None and self.project.entry_for(e.path) is None:
-                self.notes.append(f"{e.path} is no longer declared in {self.project.origin}; the gate does not check it")
+            self.results.append(ConfigResult(
+                path, None, e.kind, "undeclared", "fail", "undeclared",
+                f"declared at the base (configs[{e.index}]) and still here, but {self.project.origin} no longer "
+                f"declares it: delete the file too, or keep its entry", None, None))
 
 
 def run_gate(base: str = "HEAD", project_file: str | os.PathLike | None = None,
@@ -198,9 +217,14 @@ def run_gate(base: str = "HEAD", project_file: str | os.PathLike | None = None,
     g.declared_now()
     project = g.project
     g.attempts, scan_notes = rcpt.scan(g.root, list(project.receipts) + list(project.incidents))
-    g.current_files()
+    g.load_signers()
+    try:
+        g.current_files()
+    finally:
+        if g.signatures is not None:
+            g.signatures.close()
     g.gone_files()
-    g.undeclared_notes()
+    g.undeclared()
     notes = g.notes + list(scan_notes)
     results = sorted(g.results, key=lambda r: (r.status != "fail", r.path, r.profile or ""))
     return GateResult(base, g.base_commit, g.mb, project.origin, results, notes)

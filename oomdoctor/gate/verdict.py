@@ -4,7 +4,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from oomdoctor.card import fingerprint as fpmod
 from oomdoctor.card import receipt as rcpt
@@ -19,7 +19,8 @@ class ConfigResult:
     kind: str
     change: str                     # added | modified | renamed | deleted | profile_removed
     status: str                     # pass | fail
-    reason_code: str                # receipt | deleted | no_receipt | other_fingerprint | stale | wrong_target | not_real | not_passing
+    reason_code: str                # receipt | deleted | no_receipt | other_fingerprint | stale | wrong_target | not_real
+                                    # | not_passing | unverified | unsigned | undeclared
     reason: str
     fingerprint: str | None
     command: str | None
@@ -85,13 +86,21 @@ def _same_except_version(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "engine_version"} == {k: v for k, v in b.items() if k != "engine_version"}
 
 
-def _exact_verdict(exact: list[rcpt.FoundAttempt], targets: list[str], root: Path | None) -> Verdict:
+def _exact_verdict(exact: list[rcpt.FoundAttempt], targets: list[str], root: Path | None, signed: Any) -> Verdict:
     """Attempts of this very fingerprint exist, none passing on a target: say which way they fall short."""
     tl = ", ".join(targets)
-    ok = [a for a in exact if a.is_passing(targets)]
+    claims = [a for a in exact if a.claims_pass(targets)]
+    ok = [a for a in claims if not a.unverified() and signed(a)]
     if ok:
         a = ok[0]
         return Verdict("pass", "receipt", f"passing retest: {a.describe(root)}", _receipt_info(a, root), [])
+    if claims:
+        a = claims[0]
+        why = a.unverified()
+        if not why:
+            return Verdict("fail", "unsigned", f"{a.describe(root)} passed, but {signed.why(a)}", _receipt_info(a, root), [])
+        return Verdict("fail", "unverified", f"{a.describe(root)} says it passed, but {why[0]}"
+                       + (f" (and {len(why) - 1} more)" if len(why) > 1 else ""), _receipt_info(a, root), [])
     wrong_target = [a for a in exact if a.outcome == "pass" and a.mode == "real"]
     twin = [a for a in exact if a.outcome == "pass" and a.mode != "real"]
     if wrong_target:
@@ -111,7 +120,7 @@ def _exact_verdict(exact: list[rcpt.FoundAttempt], targets: list[str], root: Pat
 def _nearest_verdict(sc: ServingConfig, newest: list[rcpt.FoundAttempt], root: Path | None) -> Verdict:
     """No attempt of this fingerprint: a stale receipt (older engine), the nearest other one, or none."""
     ec, targets = sc.effective_config, sc.targets
-    eligible = [(a, a.effective_config) for a in newest if a.is_passing(targets) and a.effective_config is not None]
+    eligible = [(a, a.effective_config) for a in newest if a.claims_pass(targets) and a.effective_config is not None]
     stale = [(a, aec) for a, aec in eligible if _same_except_version(aec, ec)
              and rcpt.compare_versions(aec.get("engine_version"), sc.engine_version) == -1]
     if stale:
@@ -129,11 +138,24 @@ def _nearest_verdict(sc: ServingConfig, newest: list[rcpt.FoundAttempt], root: P
                    f"fingerprint", None, [])
 
 
-def verdict(sc: ServingConfig, attempts: list[rcpt.FoundAttempt], root: Path | None = None) -> Verdict:
-    """(status, reason_code, reason, receipt, diff) for one serving config against every attempt found."""
+class _AnySignature:
+    """No signers configured: every attempt counts as signed."""
+
+    def __call__(self, a: rcpt.FoundAttempt) -> bool:
+        return True
+
+    def why(self, a: rcpt.FoundAttempt) -> str:
+        return ""
+
+
+def verdict(sc: ServingConfig, attempts: list[rcpt.FoundAttempt], root: Path | None = None,
+            signatures: Any = None) -> Verdict:
+    """(status, reason_code, reason, receipt, diff) for one serving config against every attempt found.
+    ``signatures`` (gate/signing.Signatures) decides whether an attempt's file carries a signature of a signer."""
+    signed = signatures or _AnySignature()
     newest = sorted(attempts, key=lambda a: a.at, reverse=True)
     exact = [a for a in newest if a.fingerprint == sc.fingerprint and a.consistent and not a.problems]
-    return _exact_verdict(exact, sc.targets, root) if exact else _nearest_verdict(sc, newest, root)
+    return _exact_verdict(exact, sc.targets, root, signed) if exact else _nearest_verdict(sc, newest, root)
 
 
 def _receipt_info(a: rcpt.FoundAttempt, root: Path | None) -> dict:

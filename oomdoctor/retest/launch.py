@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import time
 from dataclasses import dataclass
@@ -198,7 +199,7 @@ def run_engine(p: "Plan", log_path: Path, gpu_index: int, timeout_s: float, prog
         if free_now is not None:
             header += f"# nvml before start: {json.dumps({'free': free_now})}\n"
         watch = LineWatch(t0, progress, phase_watch)
-        progress(f"engine: {' '.join(redact_argv(argv))[:300]}")
+        progress(f"engine: {shlex.join(redact_argv(argv))}")
         eng = Group(argv, log_path, env=env, on_line=watch, header=header)
         timed_out = served = False
         perf: dict | None = None

@@ -21,6 +21,9 @@ from oomdoctor.errors import OomdoctorError
 
 _LIVE: set[int] = set()          # process-group ids started here and not yet reaped
 _LOCK = threading.Lock()
+RUN_ID: dict[str, str] = {}      # the active run's id (oomdoctor.retest.runfile): every group's env carries it
+ON_START: list[Callable[["Group"], None]] = []
+ON_STOP: list[Callable[["Group"], None]] = []
 
 
 class Interrupted(OomdoctorError):
@@ -64,8 +67,41 @@ def kill_all() -> None:
         kill_group(g, grace_s=5.0)
 
 
+# The watchdog: its own session, stdin the read end of a pipe whose write end only this oomdoctor holds. When
+# oomdoctor ends in any way — SIGKILL included — the pipe reaches EOF and the watchdog ends the engine's group;
+# a "x" written first means "ended normally, nothing to do".
+WATCHDOG = ("import os, signal, sys, time\n"
+            "g = int(sys.argv[1])\n"
+            "b = os.read(0, 1)\n"
+            "if b != b'x':\n"
+            "    for s, w in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0)):\n"
+            "        try:\n"
+            "            os.killpg(g, s)\n"
+            "        except OSError:\n"
+            "            break\n"
+            "        t = time.monotonic()\n"
+            "        while time.monotonic() - t < w:\n"
+            "            time.sleep(0.1)\n"
+            "            try:\n"
+            "                os.killpg(g, 0)\n"
+            "            except OSError:\n"
+            "                break\n")
+
+
+def open_new_log(path: Path) -> TextIO:
+    """A log file that did not exist (never appended to, never through a symlink)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise OomdoctorError(f"{path}: cannot create the run's log ({e.strerror or e}); every run gets a new log file")
+    return os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+
+
 class Group:
-    """A command started in a new session; its output is teed to a file (and optionally a callback)."""
+    """A command started in a new session; its output is teed to a NEW file (and optionally a callback).
+    A watchdog ends the group if this process dies without ending it (SIGKILL); ``on_start`` hooks (the run
+    file) learn every group started."""
 
     def __init__(self, argv: list[str], log_path: Path | None = None, env: dict | None = None,
                  on_line: Callable[[str], None] | None = None, cwd: str | None = None, header: str = ""):
@@ -74,11 +110,13 @@ class Group:
         self.on_line = on_line
         self._log: TextIO | None = None
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(log_path, "a", encoding="utf-8", errors="replace")
+            self._log = open_new_log(log_path)
             if header:
                 self._log.write(header)
                 self._log.flush()
+        env = dict(os.environ if env is None else env)
+        if RUN_ID.get("id"):
+            env["OOMDOCTOR_RUN_ID"] = RUN_ID["id"]
         try:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=cwd, start_new_session=True, bufsize=0)
@@ -89,8 +127,38 @@ class Group:
         self.pgid = self.proc.pid
         with _LOCK:
             _LIVE.add(self.pgid)
+        self._watch_w = self._start_watchdog()
+        for hook in list(ON_START):
+            with contextlib.suppress(Exception):
+                hook(self)
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
+
+    def _start_watchdog(self) -> int | None:
+        r, w = os.pipe()
+        try:
+            self._watchdog: subprocess.Popen | None = subprocess.Popen(
+                [python(), "-S", "-c", WATCHDOG, str(self.pgid)], stdin=r, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            os.close(w)
+            self._watchdog = None
+            return None
+        finally:
+            os.close(r)
+        return w
+
+    def _end_watchdog(self) -> None:
+        if self._watch_w is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._watch_w, b"x")
+        with contextlib.suppress(OSError):
+            os.close(self._watch_w)
+        self._watch_w = None
+        if self._watchdog is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(timeout=5)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -113,6 +181,10 @@ class Group:
 
     def stop(self, grace_s: float = 15.0) -> int | None:
         kill_group(self.pgid, grace_s)
+        self._end_watchdog()
+        for hook in list(ON_STOP):
+            with contextlib.suppress(Exception):
+                hook(self)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         self._reader.join(timeout=5)

@@ -34,19 +34,27 @@ def write_gate_receipt(sc: Any, card: CardDict, diag: Any, rr: Any, target: str,
     from oomdoctor import __version__
     from oomdoctor.card.receipt import write_receipt
 
-    ok = bool(rr.served) and not diag.is_memory_failure and not rr.timed_out
+    from oomdoctor.card.verify import run_passed
+
+    ok = run_passed(diag.klass, diag.is_memory_failure, bool(rr.served)) and not rr.timed_out
     attempt = {
         "outcome": "pass" if ok else "fail",
         "engine": {"name": sc.engine, "version": diag.engine_version or sc.engine_version, "mode": "real"},
         "target_device": target, "device_before": before, "classification": card["classification"],
         "served": bool(rr.served), "perf": rr.perf, "duration_s": round(rr.duration_s, 1),
-        "log_path": str(log_path), "emulate_free_bytes": card["workload"].get("emulate_free_bytes"),
+        "emulate_free_bytes": card["workload"].get("emulate_free_bytes"),
         "oomdoctor_version": __version__, "notes": [f"oomdoctor record --serving-config {sc.label}"],
     }
     dest = receipt_path or Path("receipts")        # the gate's default receipts folder (run from the project root)
     if not str(dest).endswith(".yaml"):
         Path(dest).mkdir(parents=True, exist_ok=True)
-    return write_receipt(dest, sc.effective_config, attempt, source={"path": sc.path, "profile": sc.profile})
+    return write_receipt(dest, sc.effective_config, attempt, log=log_path, source={"path": sc.path, "profile": sc.profile})
+
+
+def rcpt_outcome(path: Path) -> str:
+    from oomdoctor.card.receipt import read_receipt
+
+    return str(read_receipt(path)["attempts"][-1].get("outcome"))
 
 
 def resolve_launch(argv: tuple[str, ...], serving_config: Path | None, profile: str | None, project_file: Path | None,
@@ -70,7 +78,7 @@ def resolve_launch(argv: tuple[str, ...], serving_config: Path | None, profile: 
 
 def record(argv: list[str], sc: Any, requests: dict[str, int], emulate: str | None, target: str | None,
            out: Path | None, receipt_path: Path | None, gpu_index: int, timeout_s: float,
-           progress: Callable[[str], None]) -> tuple[CardDict, Path, Any]:
+           progress: Callable[[str], None], sign_key: Path | None = None) -> tuple[CardDict, Path, Any]:
     """Run the launch once and write its card; (the card as written, its path, the diagnosis)."""
     from oomdoctor.card import store as cardmod
     from oomdoctor.card.build import build_card
@@ -97,6 +105,7 @@ def record(argv: list[str], sc: Any, requests: dict[str, int], emulate: str | No
                     env=dict(sc.env) if sc is not None else {}, emulate_free_bytes=wl.get("emulate_free_bytes"),
                     target_device=target)
     rr = runmod.run_engine(p, log_path, gpu_index, timeout_s, progress, runmod._phase_watcher(ruleset, "vllm"))
+    log_path = rr.log_path
     diag = diagnose_file(log_path, ruleset)
     card = build_card(log_path, diag, before, [f"recorded by oomdoctor record: {shlex.join(argv)[:300]}"])
     card["workload"] = {**card["workload"], **wl, "resolved": card["workload"].get("resolved", {})}
@@ -107,5 +116,10 @@ def record(argv: list[str], sc: Any, requests: dict[str, int], emulate: str | No
     written = cardmod.load_dict(path)
     if sc is not None and target is not None:
         rc_path = write_gate_receipt(sc, written, diag, rr, target, before, receipt_path, log_path)
-        progress(f"receipt: {rc_path} ({'pass' if rr.served and not diag.is_memory_failure else 'fail'})")
+        outcome = rcpt_outcome(rc_path)
+        if sign_key is not None:
+            from oomdoctor.gate.signing import sign
+
+            progress(f"receipt signed: {sign(rc_path, sign_key)}")
+        progress(f"receipt: {rc_path} ({outcome})")
     return written, path, diag

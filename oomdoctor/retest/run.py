@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,9 @@ from oomdoctor.retest.decide import (PERF_TOLERANCE, SPEED_COST_TOLERANCE, exit_
 from oomdoctor.retest.launch import RESULT_RE, RunResult, device_slug, free_port, gpu_state, launch_argv, run_engine
 from oomdoctor.retest.plan import (UNAPPLIABLE, Plan, apply_change, choose_lever, kept_changes, lever_needs_hardware, plan,
                                    target_free_from_card)
+from oomdoctor.retest import runfile
 from oomdoctor.retest.procs import wait_memory_back
+from oomdoctor.retest.trust import require_trusted, safe_env, untrusted
 from oomdoctor.units import human_bytes
 
 __all__ = ["PERF_TOLERANCE", "RESULT_RE", "SPEED_COST_TOLERANCE", "UNAPPLIABLE", "Plan", "RunResult", "apply_change",
@@ -142,11 +145,12 @@ def _real(card_path: Path, card: CardDict, attempt: Attempt, lever: Lever, p: Pl
     run_dir = Path(card_path).with_suffix("")
     run_dir = run_dir.parent / (run_dir.name + ".runs")
     n_prev = len(card.get("attempts") or [])
-    log_path = run_dir / f"attempt-{n_prev + 1}-{lever['id']}.log"
     ruleset = default_rules()
     t_start = time.monotonic()
-    rr = _run_and_wait(p, log_path, gpu_index, timeout_s, progress, _phase_watcher(ruleset, eng.get("name") or "vllm"),
-                       baseline_free, memory_timeout_s)
+    with runfile.active(run_dir, progress):
+        log_path = runfile.fresh_log(run_dir, f"attempt-{n_prev + 1}-{lever['id']}")
+        rr = _run_and_wait(p, log_path, gpu_index, timeout_s, progress,
+                           _phase_watcher(ruleset, eng.get("name") or "vllm"), baseline_free, memory_timeout_s)
     attempt["duration_s"] = round(time.monotonic() - t_start, 1)
     attempt["notes"] += rr.notes
     attempt["log_path"] = os.path.relpath(log_path, Path(card_path).parent)
@@ -201,8 +205,11 @@ def _decide(card_path: Path, card: CardDict, attempt: Attempt, lever: Lever, p: 
 def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dry_run: bool = False,
            engine: str = "auto", emulate: str | None = None, no_emulate: bool = False, gpu_index: int = 0,
            timeout_s: float = 900.0, tolerance: float = PERF_TOLERANCE, progress: Callable[[str], None] | None = None,
-           memory_timeout_s: float = 120.0) -> tuple[int, Any, CardDict]:
-    """Returns (exit code, attempt — or the dry run's plan —, card dict after the attempt)."""
+           memory_timeout_s: float = 120.0, trust_card: bool = False) -> tuple[int, Any, CardDict]:
+    """Returns (exit code, attempt — or the dry run's plan —, card dict after the attempt).
+
+    A real run executes only what oomdoctor derived itself unless ``trust_card`` (``--trust-card``): see
+    :mod:`oomdoctor.retest.trust`."""
     say: Callable[[str], None] = progress or (lambda s: print(s, file=sys.stderr, flush=True))
     card: CardDict = cardmod.load_dict(card_path)
     mode = engine
@@ -215,6 +222,10 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
         if why:
             say(f"never run here (needs other hardware): {lv['id']} — {why}")
     p = plan(card, lever, emulate, gpu_index, no_emulate)
+    p.env, held_back = safe_env(p.env, trust_card)
+    if held_back:
+        p.description.append(f"environment from the card not passed to the engine (--trust-card passes it): "
+                             f"{', '.join(held_back)}")
     attempt, fp = _new_attempt(card, lever, p, mode)
     chain = expected_chain(card, lever, p.base_changes) if lever["id"] != "none" else None
     if chain:
@@ -226,12 +237,15 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
     if chain:
         say(f"expected: {chain['text']}")
     say(f"engine mode: {mode}; config fingerprint {fp[:19]}…")
+    say(f"command: {shlex.join(redact_argv(p.argv))}")
     if dry_run:
         return 0, {"dry_run": True, "lever": lever["id"], "change": lever.get("change", {}), "argv": redact_argv(p.argv),
                    "description": p.description, "config_fingerprint": fp, "mode": mode,
-                   "expected_chain": chain}, card
+                   "expected_chain": chain, "needs_trust_card": untrusted(p.workload)}, card
+    cardmod.refuse_special(Path(card_path), "card")        # the attempt must be writable back: refuse before a run
     if mode == "twin":
         return _twin(card_path, attempt, lever, p)
+    require_trusted(p.workload, trust_card)
     return _real(card_path, card, attempt, lever, p, gpu_index, timeout_s, tolerance, say, memory_timeout_s)
 
 

@@ -433,7 +433,7 @@ def test_killed_ladder_keeps_its_rungs_and_leaves_no_process(tmp_path: Path, sig
     d["workload"]["argv"] += ["--pids", str(pids)]
     cardmod.save(d, card)
     args = [sys.executable, "-m", "oomdoctor", "ladder", str(card), "--low", "4GiB", "--high", "10GiB",
-            "--precision", "128MiB", "--no-ballast"]
+            "--precision", "128MiB", "--no-ballast", "--trust-card"]   # the card runs its own command
     env = dict(os.environ, OOMDOCTOR_NO_NVML="1", PYTHONPATH=str(ROOT), FAKE_LADDER_HANG_AFTER="2")
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.time()

@@ -81,7 +81,8 @@ def test_retest_with_emulated_free_memory_gives_everything_back(tmp_path: Path) 
         "--pass-log", str(FX / "A_pass.log"), "--threshold", "2000000"])
     cardmod.save(d, card)
     before = _free()
-    r = subprocess.run([sys.executable, "-m", "oomdoctor", "retest", str(card), "--engine", "real", "--emulate", "rtx4090"],
+    r = subprocess.run([sys.executable, "-m", "oomdoctor", "retest", str(card), "--engine", "real", "--emulate", "rtx4090",
+                        "--trust-card"],
                        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     a = cardmod.load_dict(card)["attempts"][-1]

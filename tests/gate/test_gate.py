@@ -20,7 +20,9 @@ from oomdoctor import gate as gatemod
 from oomdoctor.card import fingerprint as fpmod
 from oomdoctor.card import receipt as rcpt
 from oomdoctor.cli import main
+from oomdoctor.diagnose.read import file_sha256
 from oomdoctor.errors import BadInput
+from tests.gate.runlog import run_log
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "gate-demo"
@@ -50,9 +52,10 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     git(r, "config", "user.name", "Gate Test")
     git(r, "config", "user.email", "gate@example.com")
     git(r, "config", "commit.gpgsign", "false")
+    monkeypatch.chdir(r)
+    record_all(r)                                   # a receipt (with its run's log) for every config and profile
     git(r, "add", ".")
     git(r, "commit", "-q", "-m", "serving configs with their receipts")
-    monkeypatch.chdir(r)
     return r
 
 
@@ -86,12 +89,19 @@ def commit(repo: Path, msg: str, *paths: str) -> None:
 
 def record(repo: Path, path: str, profile: str | None = None, *, outcome: str = "pass", mode: str = "real",
            target: str = "nvidia-h200", version: str | None = None, ec: dict | None = None) -> Path:
-    """Write a receipt as `oomdoctor record` will (through the receipt API)."""
+    """Write a receipt as `oomdoctor record` does (through the receipt API, with the run's log)."""
     sc = gatemod.load_serving_config(path, profile)
     ec = ec or sc.effective_config
     att = {"outcome": outcome, "engine": {"name": "vllm", "version": version or ec["engine_version"], "mode": mode},
            "target_device": target}
-    return rcpt.write_receipt(repo / "receipts", ec, att, source={"path": path, "profile": profile})
+    log = run_log(repo.parent / "runs", {**ec, "engine_version": version or ec["engine_version"]})
+    (repo / "receipts").mkdir(exist_ok=True)
+    return rcpt.write_receipt(repo / "receipts", ec, att, log=log, source={"path": path, "profile": profile})
+
+
+def record_all(repo: Path) -> None:
+    for sc in gatemod.list_serving_configs():
+        record(repo, sc.path, sc.profile)
 
 
 # ----------------------------------------------------------------------------- the worked example
@@ -220,6 +230,13 @@ def test_incident_card_attempt_counts_as_a_receipt(repo, capsys):
          "outcome": "pass", "engine": {"name": "vllm", "version": "0.25.1", "mode": "real"},
          "config_fingerprint": sc.fingerprint, "effective_config": sc.effective_config, "target_device": "nvidia-h200"}]}
     (repo / "incidents").mkdir()
+    (repo / "incidents" / "2026-kv.yaml").write_text(yaml.safe_dump(card))
+    rc, out, _ = run(capsys=capsys)
+    assert rc == 1 and "says it passed, but it names no log (log_path): nothing shows that it ran" in out
+    runs = repo / "incidents" / "2026-kv.runs"
+    runs.mkdir()
+    shutil.copy(run_log(repo.parent / "runs", sc.effective_config), runs / "attempt-1.log")
+    card["attempts"][0].update(log_path="2026-kv.runs/attempt-1.log", log_sha256=file_sha256(runs / "attempt-1.log"))
     (repo / "incidents" / "2026-kv.yaml").write_text(yaml.safe_dump(card))
     rc, out, _ = run(capsys=capsys)
     assert rc == 0, out
@@ -533,24 +550,35 @@ def test_write_receipt_appends_atomically_and_checks_the_attempt(repo):
     sc = gatemod.load_serving_config(VLLM_YAML)
     ec = sc.effective_config
     att = {"outcome": "pass", "engine": {"name": "vllm", "version": "0.25.1", "mode": "real"}, "target_device": "nvidia-h200"}
-    p = rcpt.write_receipt(repo / "r2" / "x.yaml", ec, att)
-    p2 = rcpt.write_receipt(p, ec, {**att, "outcome": "fail"})
+    log = run_log(repo.parent / "runs", ec)
+    p = rcpt.write_receipt(repo / "r2" / "x.yaml", ec, att, log=log)
+    p2 = rcpt.write_receipt(p, ec, {**att, "outcome": "fail"}, log=log)
     assert p == p2
     d = rcpt.read_receipt(p)
     assert d["schema"] == "oomdoctor.receipt/v1" and d["config_fingerprint"] == sc.fingerprint
     assert [a["n"] for a in d["attempts"]] == [1, 2] and [a["outcome"] for a in d["attempts"]] == ["pass", "fail"]
     assert all(a["effective_config"] == ec and a["config_fingerprint"] == sc.fingerprint for a in d["attempts"])
+    assert [a["log_path"] for a in d["attempts"]] == ["x.runs/attempt-1.log", "x.runs/attempt-2.log"]
+    assert all(file_sha256(p.parent / a["log_path"]) == a["log_sha256"] for a in d["attempts"])
     assert not list(p.parent.glob(".*"))                            # no temp or lock file left behind
     with pytest.raises(BadInput, match="config_fingerprint"):
-        rcpt.write_receipt(p, ec, {**att, "config_fingerprint": "sha256:" + "0" * 64})
+        rcpt.write_receipt(p, ec, {**att, "config_fingerprint": "sha256:" + "0" * 64}, log=log)
     with pytest.raises(BadInput, match="engine.version"):
-        rcpt.write_receipt(p, ec, {**att, "engine": {"name": "vllm", "version": "0.24.0", "mode": "real"}})
+        rcpt.write_receipt(p, ec, {**att, "engine": {"name": "vllm", "version": "0.24.0", "mode": "real"}}, log=log)
     with pytest.raises(BadInput, match="target_device"):
-        rcpt.write_receipt(p, ec, {k: v for k, v in att.items() if k != "target_device"})
+        rcpt.write_receipt(p, ec, {k: v for k, v in att.items() if k != "target_device"}, log=log)
+    other = {**ec, "settings": {**ec["settings"], "max_num_seqs": 1}}
     with pytest.raises(BadInput, match="one receipt holds one effective config"):
-        rcpt.write_receipt(p, {**ec, "settings": {**ec["settings"], "max_num_seqs": 1}}, att)
+        rcpt.write_receipt(p, other, att, log=run_log(repo.parent / "runs", other))
+    with pytest.raises(BadInput, match="the config in its log is not this one"):
+        rcpt.write_receipt(p, other, att, log=log)                  # a pass claimed with another config's log
     with pytest.raises(BadInput, match="outcome"):
-        rcpt.write_receipt(repo / "r3.yaml", ec, {**att, "outcome": "great"})
+        rcpt.write_receipt(repo / "r3.yaml", ec, {**att, "outcome": "great"}, log=log)
+    with pytest.raises(TypeError):
+        rcpt.write_receipt(repo / "r4.yaml", ec, att)               # no receipt without a run  # type: ignore[call-arg]
+    with pytest.raises(BadInput, match="does not exist"):
+        rcpt.write_receipt(repo / "r4.yaml", ec, {**att, "outcome": "fail"}, log=repo / "no.log")
+    assert not (repo / "r4.yaml").exists()
     assert [f.n for f in rcpt.find_passing(repo, sc.fingerprint, ["NVIDIA-H200"], dirs=["r2"])] == [1]
 
 

@@ -25,6 +25,8 @@ ONE_H200 = {"status": "captured", "reason": "", "source": "nvml", "gpus": [
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     e = dict(os.environ, OOMDOCTOR_NO_NVML="1", PYTHONPATH=str(ROOT))
     e.pop("VLLM_USE_FLASHINFER_SAMPLER", None)
+    if args and args[0] == "retest":      # the test's own fake-engine card: its command line is trusted
+        args = (*args, "--trust-card")
     return subprocess.run([sys.executable, "-m", "oomdoctor", *args], capture_output=True, text=True, env=e, cwd=ROOT,
                           timeout=120)
 
@@ -170,7 +172,7 @@ def test_confirmed_follow_up_is_recorded(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_twin_is_a_prediction_and_the_gate_never_takes_it(tmp_path: Path) -> None:
     from oomdoctor.card.receipt import FoundAttempt
-    from oomdoctor.gate.verdict import _exact_verdict
+    from oomdoctor.gate.verdict import _AnySignature, _exact_verdict
 
     card = fake_card(tmp_path)
     r = run_cli("retest", str(card), "--engine", "twin")
@@ -179,7 +181,7 @@ def test_twin_is_a_prediction_and_the_gate_never_takes_it(tmp_path: Path) -> Non
     assert a["outcome"] == "predicted_pass" and a["engine"]["mode"] == "twin"
     found = FoundAttempt(card, "card", dict(a), a["config_fingerprint"], a["effective_config"])
     assert not found.is_passing(None)
-    v = _exact_verdict([found], ["nvidia-h200"], None)
+    v = _exact_verdict([found], ["nvidia-h200"], None, _AnySignature())
     assert v[0] == "fail" and "predicted_pass" in v[2]
     assert not (tmp_path / "pids.txt").exists()
 

@@ -14,7 +14,9 @@ import pytest
 
 from oomdoctor.cli import main
 from oomdoctor.card.workload import workload_from_argv
+from oomdoctor.gate import load_serving_config
 from oomdoctor.retest.run import RunResult
+from tests.gate.runlog import run_log
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "gate-demo"
@@ -62,7 +64,7 @@ def test_serving_config_record_writes_the_receipt_the_gate_needs(tmp_path: Path,
     def fake_run_engine(p, log_path, gpu_index, timeout_s, progress, phase_watch=None):
         seen["argv"] = p.argv
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(PASS_LOG, log_path)
+        shutil.copy(seen["log"], log_path)
         return RunResult(0, False, 1.0, log_path, {"requests": 1, "served": 1, "output_tokens_per_s": 300.0}, True, None, [])
 
     gpu = {"status": "captured", "reason": "", "source": "nvml", "gpus": [
@@ -70,6 +72,14 @@ def test_serving_config_record_writes_the_receipt_the_gate_needs(tmp_path: Path,
          "processes": []}]}
     monkeypatch.setattr("oomdoctor.retest.run.run_engine", fake_run_engine)
     monkeypatch.setattr("oomdoctor.device.nvml.capture", lambda with_processes=True: gpu)
+    # the run's log must be of this config: a real passing log of another one (A_pass.log) writes no receipt
+    seen["log"] = PASS_LOG
+    with pytest.raises(SystemExit) as e:
+        main(["record", "--serving-config", "deploy/vllm.yaml", "--target", "nvidia-h200", "--out", str(tmp_path / "a.yaml")])
+    assert e.value.code == 2 and "the config in its log is not this one" in capsys.readouterr().err
+    assert not list((repo / "receipts").glob("*.yaml")) if (repo / "receipts").exists() else True
+    sc = load_serving_config("deploy/vllm.yaml")
+    seen["log"] = run_log(tmp_path / "runs", sc.effective_config)
     with pytest.raises(SystemExit) as e:
         main(["record", "--serving-config", "deploy/vllm.yaml", "--target", "nvidia-h200", "--out", str(tmp_path / "c.yaml")])
     assert e.value.code == 3                             # a clean start: no memory failure

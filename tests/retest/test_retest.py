@@ -65,7 +65,7 @@ def test_first_lever_passes_and_is_recorded(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
     before = cardmod.load_dict(card)
     assert before["levers"][0]["id"] == "max_model_len"
-    r = run_cli("retest", str(card), "--engine", "real", "--json")
+    r = run_cli("retest", str(card), "--engine", "real", "--trust-card", "--json")
     assert r.returncode == 0, r.stderr
     after = cardmod.load_dict(card)
     a = after["attempts"][-1]
@@ -80,13 +80,13 @@ def test_first_lever_passes_and_is_recorded(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_reproduce_then_fail_proposes_next_lever(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path)
-    r = run_cli("retest", str(card), "--engine", "real", "--lever", "none")
+    r = run_cli("retest", str(card), "--engine", "real", "--trust-card", "--lever", "none")
     assert r.returncode == 1
     a = cardmod.load_dict(card)["attempts"][-1]
     assert a["outcome"] == "fail" and a["signature_gone"] is False
     assert a["classification"]["class"] == "kv_capacity"
     # a second attempt keeps the first one
-    r = run_cli("retest", str(card), "--engine", "real")
+    r = run_cli("retest", str(card), "--engine", "real", "--trust-card")
     assert r.returncode == 0
     atts = cardmod.load_dict(card)["attempts"]
     assert [x["n"] for x in atts] == [1, 2] and atts[0]["lever"] == "none"
@@ -100,7 +100,7 @@ def test_failed_lever_records_next(tmp_path: Path) -> None:
     # force a lever that cannot work for the fake engine (window above its threshold)
     d["levers"][0]["change"] = {"max_model_len": 3000000}
     cardmod.save(d, card)
-    r = run_cli("retest", str(card), "--engine", "real")
+    r = run_cli("retest", str(card), "--engine", "real", "--trust-card")
     assert r.returncode == 1
     after = cardmod.load_dict(card)
     a = after["attempts"][-1]
@@ -114,7 +114,7 @@ def test_killed_retest_leaves_no_process_and_no_half_card(tmp_path: Path, sig: i
     card, pids = make_card(tmp_path, hang=True)
     text_before = card.read_text()
     e = dict(os.environ, OOMDOCTOR_NO_NVML="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "oomdoctor", "retest", str(card), "--engine", "real"],
+    proc = subprocess.Popen([sys.executable, "-m", "oomdoctor", "retest", str(card), "--engine", "real", "--trust-card"],
                             cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.time()
     while (not pids.exists() or len(pids.read_text().split()) < 2) and time.time() - t0 < 30:
@@ -137,7 +137,7 @@ def test_killed_retest_leaves_no_process_and_no_half_card(tmp_path: Path, sig: i
 @pytest.mark.slow
 def test_timeout_ends_the_group(tmp_path: Path) -> None:
     card, pids = make_card(tmp_path, hang=True)
-    r = run_cli("retest", str(card), "--engine", "real", "--timeout", "4")
+    r = run_cli("retest", str(card), "--engine", "real", "--trust-card", "--timeout", "4")
     assert r.returncode == 1
     a = cardmod.load_dict(card)["attempts"][-1]
     assert a["outcome"] == "timeout"
