@@ -13,7 +13,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Any, Iterator
 
 from oomdoctor.errors import BadInput
 
@@ -159,6 +159,44 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
                 raw.finish()
         finally:
             stream.close()
+
+
+def inflate(f: IO[bytes], h: "hashlib._Hash") -> Iterator[bytes]:
+    """The decompressed bytes of a .gz, every member (like ``gzip -dc`` and Python's gzip module; zero
+    padding after a member is allowed), in pieces of at most CHUNK bytes, in bounded memory: at most one
+    CHUNK of compressed input and one of output are held. ``h`` hashes the file as stored. Raises EOFError /
+    zlib.error for a truncated or corrupt file."""
+    d: Any = None                # the decompressor of the member being read
+    buf = b""                    # compressed bytes not yet given to it
+    while True:
+        if d is None:
+            buf = buf.lstrip(b"\x00")
+            while len(buf) < 2:
+                more = f.read(CHUNK)
+                if not more:
+                    break
+                h.update(more)
+                buf = (buf + more).lstrip(b"\x00")
+            if not buf:
+                return
+            if buf[:2] != GZIP_MAGIC:
+                raise zlib.error("trailing data after the last gzip member is not gzip")
+            d = zlib.decompressobj(wbits=31)
+        data = d.decompress(buf, CHUNK)            # releases the GIL
+        buf = d.unconsumed_tail
+        if data:
+            yield data
+        if d.eof:
+            # the next member starts in what this one did not use. At the end of a member zlib leaves the rest of
+            # the input in BOTH unused_data and unconsumed_tail: take it once (unused_data + tail fed it twice)
+            buf = d.unused_data
+            d = None
+        elif not data and not buf:                 # zlib needs more input
+            more = f.read(CHUNK)
+            if not more:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            h.update(more)
+            buf = more
 
 
 def file_sha256(path: str | os.PathLike) -> str:
