@@ -59,7 +59,8 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
     card: CardDict = build_card(log, diag, dev, notes)
     _extras(card, diag, log, snapshot, model_dir, gpu_memory, plot_path)
     if no_card:
-        return card, None, diag
+        from oomdoctor.redact import redact_obj
+        return redact_obj(card), None, diag      # shown, not written: redacted all the same
     path = card_path(card, out)
     cardmod.save(card, path)
     return cardmod.load_dict(path), path, diag    # what was written (redacted) is what is shown

@@ -114,6 +114,9 @@ def render(card: dict, card_path: str | None, file: Any = None) -> None:
     from rich.panel import Panel
     from rich.text import Text
 
+    from oomdoctor.redact import redact_obj
+
+    card = redact_obj(card)           # stdout is an output path like a card: the same redaction
     con = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
     c = card["classification"]
     eng = card["engine"]
@@ -136,4 +139,6 @@ def render(card: dict, card_path: str | None, file: Any = None) -> None:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    from oomdoctor.redact import redact_obj
+
+    sys.stdout.write(json.dumps(redact_obj(obj), indent=2, default=str) + "\n")
