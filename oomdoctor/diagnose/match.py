@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
+from oomdoctor.diagnose.rulespec import MATCH_CHARS
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.errors import BadInput
 
@@ -51,7 +52,7 @@ def match_lines(lines: Iterable[tuple[int, bytes | str]], rules: list[Rule], eng
                 detect_counts[e.engine] += 1
             if e.engine not in versions:
                 for vp in e.version_patterns:
-                    m = vp.search(text)
+                    m = vp.search(text[:MATCH_CHARS])
                     if m:
                         versions[e.engine] = (m.group("version"), n)
                         break

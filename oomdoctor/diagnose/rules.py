@@ -17,6 +17,7 @@ import yaml
 
 from oomdoctor import contract
 from oomdoctor.errors import RuleError
+from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _check_spec, anchors_of,
                                          derive_anchor, parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
@@ -43,9 +44,14 @@ def _compile(regex: Any, where: str) -> re.Pattern[str]:
     if not isinstance(regex, str) or not regex:
         raise RuleError(f"{where}: 'regex' must be a non-empty string")
     try:
-        return re.compile(regex)
-    except re.error as e:
+        rx = re.compile(regex)
+    except (re.error, RecursionError, OverflowError) as e:
         raise RuleError(f"{where}: invalid regex ({e})")
+    why = catastrophic(regex)
+    if why:
+        raise RuleError(f"{where}: the regex can backtrack catastrophically: {why} (write the repeat possessive, "
+                        f"e.g. \\d++, or atomic, (?>...), or bound it, e.g. .{{0,512}}?)")
+    return rx
 
 
 def _class_and_phase(d: dict, role: str, where: str) -> tuple[str | None, dict, str | None]:
