@@ -86,11 +86,13 @@ def read_metrics(src: str) -> str:
                 return r.read(50 << 20).decode("utf-8", errors="replace")
         except OSError as e:
             raise BadInput(f"--metrics {src}: cannot be fetched ({e})")
-    p = Path(src)
+    from oomdoctor.diagnose.read import open_regular
+
     try:
-        data = p.read_bytes()[: 50 << 20]
-    except OSError as e:
-        raise BadInput(f"--metrics {src}: cannot be read ({e.strerror or e})")
+        with open_regular(src, "Prometheus metrics file") as f:
+            data = f.read(50 << 20)                   # the first 50 MiB: far more than any /metrics page
+    except BadInput as e:                             # missing, a FIFO, a device ...: say which option it was
+        raise BadInput(f"--metrics {e}")
     if b"\x00" in data[:4096]:
         raise BadInput(f"--metrics {src}: binary data, not a Prometheus text")
     return data.decode("utf-8", errors="replace")

@@ -30,6 +30,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from oomdoctor import safeyaml
+
 from oomdoctor import __version__
 from oomdoctor.card import store as cardmod
 from oomdoctor.errors import BadInput
@@ -178,9 +180,9 @@ class FoundAttempt:
 
 
 def _load_yaml(p: Path) -> Any:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(p, "r", encoding="utf-8") as f:
-        return yaml.load(f, Loader=loader)  # noqa: S506 - a safe loader
+    from oomdoctor.diagnose.read import read_capped
+
+    return safeyaml.load(read_capped(p, safeyaml.MAX_BYTES, "receipt").decode("utf-8"))
 
 
 def _attempt_problems(a: Any, where: str) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from oomdoctor import contract
+from oomdoctor import contract, safeyaml
 from oomdoctor.errors import RuleError
 from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _check_spec, anchors_of,
@@ -197,12 +197,17 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
 
 
 def _load_yaml(path: Path) -> Any:
+    from oomdoctor.diagnose.read import read_capped
+    from oomdoctor.errors import BadInput
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_capped(path, safeyaml.MAX_BYTES, "rule file").decode("utf-8")
+    except BadInput as e:
+        raise RuleError(str(e))
+    except UnicodeDecodeError as e:
         raise RuleError(f"{path}: cannot be read ({e})")
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from oomdoctor.errors import BadInput
-from oomdoctor.diagnose.read import CHUNK, MAX_LINE_BYTES, SourceInfo, inflate as _inflate, iter_lines, probe
+from oomdoctor.diagnose.read import CHUNK, MAX_LINE_BYTES, SourceInfo, inflate as _inflate, is_utf16, iter_lines, probe
 
 
 def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:
@@ -252,6 +252,7 @@ def scan(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo | N
     grep = shutil.which("grep") if engine in ("auto", "grep") else None
     if engine == "grep" and not grep:
         raise BadInput("--scanner grep: no grep binary on PATH")
-    if grep and not os.environ.get("OOMDOCTOR_NO_GREP") and not any(b"\x00" in a for a in anchors):
+    if (grep and not os.environ.get("OOMDOCTOR_NO_GREP") and not any(b"\x00" in a for a in anchors)
+            and not is_utf16(path)):            # grep reads bytes: a UTF-16 log is read (transcoded) in Python
         return scan_grep(path, anchors, info, grep)
     return scan_python(path, anchors, info)
