@@ -30,9 +30,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from oomdoctor import safeyaml
-
-from oomdoctor import __version__
+from oomdoctor import __version__, safeyaml
 from oomdoctor.card import store as cardmod
 from oomdoctor.errors import BadInput
 from oomdoctor.card.fingerprint import fingerprint as _fingerprint
@@ -181,8 +179,7 @@ class FoundAttempt:
 
 def _load_yaml(p: Path) -> Any:
     from oomdoctor.diagnose.read import read_capped
-
-    return safeyaml.load(read_capped(p, safeyaml.MAX_BYTES, "receipt").decode("utf-8"))
+    return safeyaml.load(read_capped(p, safeyaml.MAX_BYTES, "receipt").decode("utf-8"))  # FIFOs, devices: BadInput
 
 
 def _attempt_problems(a: Any, where: str) -> list[str]:
@@ -240,7 +237,7 @@ def read_file(p: str | os.PathLike, notes: list[str] | None = None) -> list[Foun
     p = Path(p)
     try:
         d = _load_yaml(p)
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, BadInput) as e:
         notes.append(f"{p}: cannot be read ({e}); ignored")
         return []
     except yaml.YAMLError as e:
