@@ -80,6 +80,7 @@ def test_both_scanners_count_lines_of_a_big_multi_member_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc for the peak RSS")
 def test_a_large_multi_member_gzip_streams_in_bounded_memory(tmp_path):
     """~600 MB of log in 6 members (over 4 MiB each) ending in a real failure: diagnose classifies it and its peak
     RSS stays far below the file's decompressed size."""
@@ -91,10 +92,12 @@ def test_a_large_multi_member_gzip_streams_in_bounded_memory(tmp_path):
         f.write(gzip.compress(FIX.joinpath("A_fail.log").read_bytes()))
     total = 6 * 52 * len(block) + len(FIX.joinpath("A_fail.log").read_bytes())
     assert total > 500_000_000
-    code = ("import resource, sys, runpy; sys.argv = ['oomdoctor'] + sys.argv[1:]\n"
+    # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak across fork + exec)
+    code = ("import re, sys, runpy; sys.argv = ['oomdoctor'] + sys.argv[1:]\n"
             "try:\n    runpy.run_module('oomdoctor', run_name='__main__')\n"
             "except SystemExit as e:\n"
-            "    print('RC', e.code, 'RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+            "    hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+            "    print('RC', e.code, 'RSS', hwm, file=sys.stderr)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", code, "diagnose", str(p), "--no-card", "--no-device", "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
@@ -103,4 +106,4 @@ def test_a_large_multi_member_gzip_streams_in_bounded_memory(tmp_path):
     assert rc == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["classification"]["class"] == "kv_capacity"
-    assert rss_kib * 1024 < 250_000_000, f"peak RSS {rss_kib} KiB"
+    assert rss_kib * 1024 < 200_000_000, f"peak RSS {rss_kib} KiB"
