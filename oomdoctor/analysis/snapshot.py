@@ -55,15 +55,11 @@ class SafeUnpickler(pickle.Unpickler):
 # ----------------------------------------------------------------------------- loading
 def load_snapshot(path: str | Path) -> dict:
     """Unpickle ``path`` without importing anything, then check its shape. Raises BadInput."""
+    from oomdoctor.analysis.pickleguard import MAX_BYTES, check_data, scan_opcodes
+    from oomdoctor.diagnose.read import read_capped
+
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{p}: no such file")
-    except IsADirectoryError:
-        raise BadInput(f"{p}: is a directory, not a snapshot pickle")
-    except OSError as e:
-        raise BadInput(f"{p}: cannot read: {e.strerror or e}")
+    raw = read_capped(p, MAX_BYTES, "snapshot pickle")    # a FIFO or device is refused, not waited on
     if not raw:
         raise BadInput(f"{p}: empty file, not a memory snapshot")
     if raw[:1] != b"\x80":
@@ -72,6 +68,7 @@ def load_snapshot(path: str | Path) -> dict:
     if getattr(copyreg, "_extension_cache", None):
         # EXT opcodes are resolved from this process-wide cache without calling find_class.
         raise BadInput(f"{p}: refusing to unpickle: the pickle extension cache of this process is in use")
+    scan_opcodes(raw, str(p))
     try:
         data = SafeUnpickler(io.BytesIO(raw)).load()
     except SnapshotRefused as e:
@@ -82,6 +79,7 @@ def load_snapshot(path: str | Path) -> dict:
         raise BadInput(f"{p}: the pickle does not fit in memory")
     except Exception as e:  # noqa: BLE001 - any decoding failure is bad input
         raise BadInput(f"{p}: not a readable pickle ({type(e).__name__}: {e})")
+    check_data(data, str(p))
     validate(data, str(p))
     return data
 

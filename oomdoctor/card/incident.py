@@ -76,7 +76,8 @@ def diagnose_log(log: Path, out: Path | None = None, no_card: bool = False, engi
         card["source"]["path"] = shown
     _extras(card, diag, Path(shown) if shown is not None else log, snapshot, model_dir, gpu_memory, plot_path, warn)
     if no_card:
-        return card, None, diag
+        from oomdoctor.redact import redact_obj
+        return redact_obj(card), None, diag      # shown, not written: redacted all the same
     path = card_path(card, out)
     cardmod.save(card, path)
     return cardmod.load_dict(path), path, diag    # what was written (redacted) is what is shown
@@ -102,11 +103,13 @@ def read_metrics(src: str) -> str:
                 return r.read(50 << 20).decode("utf-8", errors="replace")
         except OSError as e:
             raise BadInput(f"--metrics {src}: cannot be fetched ({e})")
-    p = Path(src)
+    from oomdoctor.diagnose.read import open_regular
+
     try:
-        data = p.read_bytes()[: 50 << 20]
-    except OSError as e:
-        raise BadInput(f"--metrics {src}: cannot be read ({e.strerror or e})")
+        with open_regular(src, "Prometheus metrics file") as f:
+            data = f.read(50 << 20)                   # the first 50 MiB: far more than any /metrics page
+    except BadInput as e:                             # missing, a FIFO, a device ...: say which option it was
+        raise BadInput(f"--metrics {e}")
     if b"\x00" in data[:4096]:
         raise BadInput(f"--metrics {src}: binary data, not a Prometheus text")
     return data.decode("utf-8", errors="replace")

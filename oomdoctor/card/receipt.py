@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from oomdoctor import safeyaml
 from oomdoctor.card import store as cardmod
 from oomdoctor.errors import BadInput
 from oomdoctor.card.fingerprint import fingerprint as _fingerprint
@@ -189,9 +190,8 @@ class FoundAttempt:
 
 
 def _load_yaml(p: Path) -> Any:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(p, "r", encoding="utf-8") as f:
-        return yaml.load(f, Loader=loader)  # noqa: S506 - a safe loader
+    from oomdoctor.diagnose.read import read_capped
+    return safeyaml.load(read_capped(p, safeyaml.MAX_BYTES, "receipt").decode("utf-8"))  # FIFOs, devices: BadInput
 
 
 def _attempt_problems(a: Any, where: str) -> list[str]:
@@ -249,7 +249,7 @@ def read_file(p: str | os.PathLike, notes: list[str] | None = None) -> list[Foun
     p = Path(p)
     try:
         d = _load_yaml(p)
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, BadInput) as e:
         notes.append(f"{p}: cannot be read ({e}); ignored")
         return []
     except yaml.YAMLError as e:

@@ -1,7 +1,7 @@
 """The records that travel between stages: a workload, a lever, an attempt, an incident card.
 
 They are TypedDicts, not classes, because they ARE the card's YAML/JSON (``incident-card.schema.json``): a
-card is read with ``yaml.safe_load`` and written back as it was, so the typed view costs nothing at run time.
+card is read with ``oomdoctor.safeyaml.load`` and written back as it was, so the typed view costs nothing at run time.
 Every key is optional (``total=False``) where the schema allows it to be absent.
 """
 from __future__ import annotations

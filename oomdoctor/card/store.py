@@ -19,10 +19,10 @@ from typing import Any, Mapping, cast
 
 import yaml
 
-from oomdoctor import __version__
+from oomdoctor import __version__, safeyaml
 from oomdoctor.card.locking import atomic_write, locked, refuse_special
 from oomdoctor.card.records import Attempt, CardDict, Lever, Workload
-from oomdoctor.errors import CardError
+from oomdoctor.errors import BadInput, CardError
 from oomdoctor.redact import redact_obj
 
 __all__ = ["Card", "SCHEMA_ID", "append_attempt", "atomic_write", "check", "check_replace", "dumps", "load", "refuse_special",
@@ -225,19 +225,24 @@ def save(card: Card | CardDict | dict, path: str | os.PathLike) -> Path:
 
 
 def load_dict(path: str | os.PathLike) -> CardDict:
+    from oomdoctor.diagnose.read import read_capped
+
     p = Path(path)
     refuse_special_read(p)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not p.exists():
         raise CardError(f"{p}: no such card")
-    except (OSError, UnicodeDecodeError) as e:
+    try:
+        text = read_capped(p, safeyaml.MAX_BYTES, "card").decode("utf-8")
+    except BadInput as e:               # a FIFO, a device, a directory, a file too large to be a card
+        raise CardError(str(e))
+    except UnicodeDecodeError as e:
         raise CardError(f"{p}: cannot be read ({e})")
     try:
-        d = yaml.safe_load(text)
+        d = safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}")
+        why = f": {e.problem}" if isinstance(e, safeyaml.YAMLLimit) else ""
+        raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}{why}")
     check(d, str(p))
     return cast(CardDict, d)
 

@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from oomdoctor.diagnose.read import CHUNK, GZIP_MAGIC, MAX_LINE_BYTES
+from oomdoctor.diagnose.read import CHUNK, MAX_LINE_BYTES, inflate as _inflate
 from oomdoctor.errors import BadInput
 
 
@@ -78,51 +78,6 @@ def _read_plain(path: Path, out: dict) -> None:
         out["lines"], out["cut_lines"] = tally.finish()
     except OSError as e:  # pragma: no cover - the file vanished mid-read
         out["error"] = f"cannot be read ({e.strerror or e})"
-
-
-def _inflate(f, h) -> Iterator[bytes]:
-    """The decompressed bytes of a .gz, every member (like ``gzip -dc`` and Python's gzip module;
-    zero padding after a member is allowed), in pieces of at most CHUNK bytes; ``h`` hashes the
-    file as stored. Raises EOFError / zlib.error for a truncated or corrupt file."""
-    d = None                     # the decompressor of the member being read
-    pending = b""                # compressed bytes not yet given to it
-    eof = False
-    while True:
-        if not pending:
-            if d is not None:    # output zlib still holds for the input already given
-                data = d.decompress(b"", CHUNK)
-                if data:
-                    yield data
-                    continue
-            if eof:
-                break
-            pending = f.read(CHUNK)
-            if not pending:
-                eof = True
-                continue
-            h.update(pending)                      # releases the GIL
-        if d is None:
-            pending = pending.lstrip(b"\x00")
-            if not pending:
-                continue
-            if len(pending) < 2 and not eof:
-                more = f.read(CHUNK)
-                h.update(more)
-                eof = not more
-                pending += more
-                continue
-            if pending[:2] != GZIP_MAGIC:
-                raise zlib.error("trailing data after the last gzip member is not gzip")
-            d = zlib.decompressobj(wbits=31)
-        data = d.decompress(pending, CHUNK)        # releases the GIL
-        pending = d.unconsumed_tail
-        if data:
-            yield data
-        if d.eof:
-            pending = d.unused_data + pending
-            d = None
-    if d is not None:
-        raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
 
 def _feed_compressed(path: Path, sink, out: dict, chunks: Callable, what: str) -> None:

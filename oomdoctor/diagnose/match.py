@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from oomdoctor.diagnose import parse
 from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
+from oomdoctor.diagnose.rulespec import MATCH_CHARS
 from oomdoctor.diagnose.shapes import MASK, SLOW, Plan, SignalSlot, digit_uniform, mask, number_slots, ts_span
 from oomdoctor.diagnose.signals import TRACKED_NUMBERS, RuntimeTracker, Sample, fold_many, samples_numbers
 from oomdoctor.errors import BadInput
@@ -69,7 +70,7 @@ class LineMatcher:
                 detected.append(e.engine)
             if e.engine not in self.versions:
                 for vp in e.version_patterns:
-                    m = vp.search(text)
+                    m = vp.search(text[:MATCH_CHARS])
                     if m:
                         self.versions[e.engine] = (m.group("version"), n)
                         break

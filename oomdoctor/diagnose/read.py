@@ -6,17 +6,19 @@ file's sha256 is computed while it is read.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import io
 import os
+import stat
 import sys
 import tempfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import IO, Any, BinaryIO, Iterator
 
 from oomdoctor.errors import BadInput
 
@@ -38,17 +40,51 @@ class SourceInfo:
     cut_lines: list[int] = field(default_factory=list)   # line numbers longer than MAX_LINE_BYTES
 
 
-def _open_raw(path: Path) -> io.BufferedReader:
+def _kind(mode: int) -> str:
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def open_regular(path: str | os.PathLike, what: str = "log file") -> io.BufferedReader:
+    """``path`` opened for reading, refusing (BadInput, one line) what is not a regular file: a directory, a FIFO
+    (opening one would wait for a writer: it is opened non-blocking and refused), a device, a socket."""
+    path = Path(path)
     try:
-        return open(path, "rb")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a log file")
+        raise BadInput(f"{path}: is a directory, not a {what}")
     except FileNotFoundError:
         raise BadInput(f"{path}: no such file")
     except PermissionError:
         raise BadInput(f"{path}: permission denied")
     except OSError as e:
         raise BadInput(f"{path}: cannot be read ({e.strerror or e})")
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise BadInput(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{path}: is {_kind(mode)}, not a {what} (give a regular file)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(path: str | os.PathLike, cap: int, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path``, at most ``cap`` of them: BadInput (one line) when it is larger, or
+    not a regular file. What every small input (card, receipt, project file, metrics, snapshot) is read with."""
+    with open_regular(path, what) as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise BadInput(f"{path}: larger than {cap:,} bytes; not a {what} this reads")
+    return data
+
+
+def _open_raw(path: Path) -> io.BufferedReader:
+    return open_regular(path)
 
 
 def is_gzip(path: Path) -> bool:
@@ -56,11 +92,16 @@ def is_gzip(path: Path) -> bool:
         return f.read(2) == GZIP_MAGIC
 
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def looks_binary(sample: bytes) -> bool:
     """True for data that is not a text log: mostly control bytes (NUL included) or mostly invalid UTF-8. A few stray
     bytes in a pasted or crash-truncated log (a NUL, a broken UTF-8 sequence) do not make it binary."""
     if not sample:
         return False
+    # a NUL or two (a stray byte, a crash's zero-filled tail further down) is not what makes a file binary: NULs
+    # count as the control bytes they are, and only a file that is mostly not text is refused
     ctrl = sum(1 for b in sample if b < 32 and b not in (9, 10, 13, 27, 12, 8))
     if ctrl / len(sample) > 0.10:
         return True
@@ -73,10 +114,6 @@ def looks_binary(sample: bytes) -> bool:
 def probe(path: Path) -> tuple[bool, bytes]:
     """(is_gzip, first decoded bytes). Raises BadInput for empty, binary or broken gzip files."""
     path = Path(path)
-    if not path.exists():
-        raise BadInput(f"{path}: no such file")
-    if path.is_dir():
-        raise BadInput(f"{path}: is a directory, not a log file")
     gz = is_gzip(path)
     try:
         with (gzip.open(path, "rb") if gz else _open_raw(path)) as f:
@@ -85,11 +122,47 @@ def probe(path: Path) -> tuple[bool, bytes]:
                 head = f.read(PROBE_BYTES)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise BadInput(f"{path}: truncated or corrupt gzip file ({e})")
+    if head.startswith(UTF16_BOMS):           # a log saved by a Windows tool: UTF-16 with its byte-order mark
+        head = head.decode("utf-16", errors="replace").encode("utf-8")
     if not head.strip():
         raise BadInput(f"{path}: the log is empty")
     if looks_binary(head):
         raise BadInput(f"{path}: binary data, not a text log")
     return gz, head
+
+
+def is_utf16(path: str | os.PathLike) -> bool:
+    """Does the log (decompressed, when gzip) start with a UTF-16 byte-order mark?"""
+    path = Path(path)
+    try:
+        with (gzip.open(path, "rb") if is_gzip(path) else _open_raw(path)) as f:
+            return f.read(2) in UTF16_BOMS
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        return False
+
+
+class Utf16ToUtf8(io.RawIOBase):
+    """A UTF-16 byte stream (with its BOM) read as UTF-8 bytes, chunk by chunk: lines, anchors and rules then see
+    the same text as for a UTF-8 log. Broken code units become U+FFFD."""
+
+    def __init__(self, src: "IO[bytes] | io.BufferedIOBase"):
+        self._src = src
+        self._dec = codecs.getincrementaldecoder("utf-16")(errors="replace")
+        self._buf = b""
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf and not self._eof:
+            chunk = self._src.read(CHUNK)
+            self._eof = not chunk
+            self._buf = self._dec.decode(chunk, final=self._eof).encode("utf-8")
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
 
 
 class HashingReader(io.RawIOBase):
@@ -138,6 +211,8 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
     info.compressed = gz
     raw = HashingReader(_open_raw(path), info)
     stream: io.BufferedIOBase = gzip.GzipFile(fileobj=io.BufferedReader(raw, CHUNK)) if gz else io.BufferedReader(raw, CHUNK)
+    if stream.peek(2)[:2] in UTF16_BOMS:    # type: ignore[attr-defined]
+        stream = io.BufferedReader(Utf16ToUtf8(stream), CHUNK)
     n = 0
     try:
         while True:
@@ -161,6 +236,44 @@ def iter_lines(path: str | os.PathLike, info: SourceInfo | None = None) -> Itera
                 raw.finish()
         finally:
             stream.close()
+
+
+def inflate(f: IO[bytes], h: "hashlib._Hash") -> Iterator[bytes]:
+    """The decompressed bytes of a .gz, every member (like ``gzip -dc`` and Python's gzip module; zero
+    padding after a member is allowed), in pieces of at most CHUNK bytes, in bounded memory: at most one
+    CHUNK of compressed input and one of output are held. ``h`` hashes the file as stored. Raises EOFError /
+    zlib.error for a truncated or corrupt file."""
+    d: Any = None                # the decompressor of the member being read
+    buf = b""                    # compressed bytes not yet given to it
+    while True:
+        if d is None:
+            buf = buf.lstrip(b"\x00")
+            while len(buf) < 2:
+                more = f.read(CHUNK)
+                if not more:
+                    break
+                h.update(more)
+                buf = (buf + more).lstrip(b"\x00")
+            if not buf:
+                return
+            if buf[:2] != GZIP_MAGIC:
+                raise zlib.error("trailing data after the last gzip member is not gzip")
+            d = zlib.decompressobj(wbits=31)
+        data = d.decompress(buf, CHUNK)            # releases the GIL
+        buf = d.unconsumed_tail
+        if data:
+            yield data
+        if d.eof:
+            # the next member starts in what this one did not use. At the end of a member zlib leaves the rest of
+            # the input in BOTH unused_data and unconsumed_tail: take it once (unused_data + tail fed it twice)
+            buf = d.unused_data
+            d = None
+        elif not data and not buf:                 # zlib needs more input
+            more = f.read(CHUNK)
+            if not more:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            h.update(more)
+            buf = more
 
 
 def file_sha256(path: str | os.PathLike) -> str:

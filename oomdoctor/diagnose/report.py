@@ -128,6 +128,9 @@ def render(card: dict, card_path: str | None, file: Any = None, verbose: bool = 
     from rich.console import Console
     from rich.text import Text
 
+    from oomdoctor.redact import redact_obj
+
+    card = redact_obj(card)           # stdout is an output path like a card: the same redaction
     from oomdoctor.diagnose.screen import WIDTH, first_screen
 
     out = file or sys.stdout
@@ -154,4 +157,6 @@ def render(card: dict, card_path: str | None, file: Any = None, verbose: bool = 
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    from oomdoctor.redact import redact_obj
+
+    sys.stdout.write(json.dumps(redact_obj(obj), indent=2, default=str) + "\n")

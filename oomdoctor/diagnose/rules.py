@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from oomdoctor import contract
+from oomdoctor import contract, safeyaml
 from oomdoctor.errors import RuleError
+from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _check_spec, anchors_of,
                                          derive_anchor, parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
@@ -46,9 +47,14 @@ def _compile(regex: Any, where: str) -> re.Pattern[str]:
     if not isinstance(regex, str) or not regex:
         raise RuleError(f"{where}: 'regex' must be a non-empty string")
     try:
-        return re.compile(regex)
-    except re.error as e:
+        rx = re.compile(regex)
+    except (re.error, RecursionError, OverflowError) as e:
         raise RuleError(f"{where}: invalid regex ({e})")
+    why = catastrophic(regex)
+    if why:
+        raise RuleError(f"{where}: the regex can backtrack catastrophically: {why} (write the repeat possessive, "
+                        f"e.g. \\d++, or atomic, (?>...), or bound it, e.g. .{{0,512}}?)")
+    return rx
 
 
 def _class_and_phase(d: dict, role: str, where: str) -> tuple[str | None, dict, str | None]:
@@ -254,12 +260,17 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
 
 
 def _load_yaml(path: Path) -> Any:
+    from oomdoctor.diagnose.read import read_capped
+    from oomdoctor.errors import BadInput
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_capped(path, safeyaml.MAX_BYTES, "rule file").decode("utf-8")
+    except BadInput as e:
+        raise RuleError(str(e))
+    except UnicodeDecodeError as e:
         raise RuleError(f"{path}: cannot be read ({e})")
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -16,6 +16,11 @@ except ImportError:  # pragma: no cover
     import sre_parse  # type: ignore[no-redef]
 
 
+# A rule's regexes see at most the first MATCH_CHARS characters of a line (the message and the whole line alike):
+# what an engine prints for one event fits in it, and no line, however long, costs a pattern more than this
+MATCH_CHARS = 8 << 10
+
+
 # ----------------------------------------------------------------------------- versions
 def parse_version(v: str) -> tuple[int, ...]:
     """'0.25.1' → (0, 25, 1); suffixes like '.dev3+gabc', 'rc1', '+cu130' are ignored."""
@@ -123,7 +128,8 @@ class Rule:
     def match(self, line: LogLine) -> re.Match[str] | None:
         for p in self.patterns:
             if p.anchor in line.text:
-                m = p.regex.search(line.msg) or (p.regex.search(line.text) if line.msg is not line.text else None)
+                msg, text = line.msg[:MATCH_CHARS], line.text[:MATCH_CHARS]
+                m = p.regex.search(msg) or (p.regex.search(text) if line.msg is not line.text else None)
                 if m:
                     return m
         return None

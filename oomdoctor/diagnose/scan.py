@@ -31,7 +31,7 @@ from typing import IO, Callable, Iterable, Iterator
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd, zstd_lines
 from oomdoctor.diagnose.progress import Progress
-from oomdoctor.diagnose.read import MAX_LINE_BYTES, SourceInfo, iter_lines, probe
+from oomdoctor.diagnose.read import MAX_LINE_BYTES, SourceInfo, is_utf16, iter_lines, probe
 
 
 def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:
@@ -269,11 +269,12 @@ def scan_grep(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInf
     return pairs_of(_grep_items(path, anchors, info, grep))
 
 
-def _grep_for(anchors: list[bytes], engine: str) -> str | None:
+def _grep_for(anchors: list[bytes], engine: str, path: str | os.PathLike) -> str | None:
     grep = shutil.which("grep") if engine in ("auto", "grep") else None
     if engine == "grep" and not grep:
         raise BadInput("--scanner grep: no grep binary on PATH")
-    if grep and not os.environ.get("OOMDOCTOR_NO_GREP") and not any(b"\x00" in a for a in anchors):
+    if (grep and not os.environ.get("OOMDOCTOR_NO_GREP") and not any(b"\x00" in a for a in anchors)
+            and not is_utf16(path)):            # grep reads bytes: a UTF-16 log is read (transcoded) in Python
         return grep
     return None
 
@@ -286,7 +287,7 @@ def scan(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo | N
     """
     info = info if info is not None else SourceInfo(str(path))
     anchors = list(anchors)
-    grep = _grep_for(anchors, engine)
+    grep = _grep_for(anchors, engine, path)
     return scan_grep(path, anchors, info, grep) if grep else scan_python(path, anchors, info)
 
 
@@ -307,7 +308,7 @@ def scan_blocks(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceI
     (number, line) pairs (see ``match.match_lines``). ``progress`` gets the bytes and lines read as they go."""
     info = info if info is not None else SourceInfo(str(path))
     anchors = list(anchors)
-    grep = _grep_for(anchors, engine)
+    grep = _grep_for(anchors, engine, path)
     if grep:
         return _grep_items(path, anchors, info, grep, progress)
     return _python_items(path, anchors, info, progress) if progress is not None else scan_python(path, anchors, info)

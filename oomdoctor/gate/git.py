@@ -149,10 +149,9 @@ class WorkTree(Tree):
         p = self.root / rel
         if not p.is_file():
             return None
-        try:
-            data = p.read_bytes()
-        except OSError as e:
-            raise BadInput(f"{rel}: cannot be read ({e})")
+        from oomdoctor.diagnose.read import read_capped  # noqa: PLC0415
+
+        data = read_capped(p, 16 << 20, "serving config")      # a config, not a data file: 16 MiB at most
         return _decode(data, rel, self.label)
 
     def files(self) -> list[str]:

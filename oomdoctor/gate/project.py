@@ -225,9 +225,12 @@ def load_project(path: str | os.PathLike, repo_root: str | os.PathLike | None = 
     p = Path(path)
     if not p.is_file():
         raise BadInput(f"no project file at {p} (write a {PROJECT_FILE} listing the serving configs; see docs/gate.md)")
+    from oomdoctor import safeyaml  # noqa: PLC0415
+    from oomdoctor.diagnose.read import read_capped  # noqa: PLC0415
+
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_capped(p, safeyaml.MAX_BYTES, "project file").decode("utf-8-sig")
+    except UnicodeDecodeError as e:
         raise BadInput(f"{p}: cannot be read ({e})")
     root = Path(repo_root).resolve() if repo_root else p.resolve().parent
     try:

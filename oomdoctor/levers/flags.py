@@ -9,8 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-import yaml
-
+from oomdoctor import safeyaml
 from oomdoctor.paths import ENGINES_DIR
 
 OFFLINE_LAUNCHERS = frozenset({"vllm-llm", "offline", "python"})
@@ -22,7 +21,7 @@ def engine_words(engine: str) -> dict[str, dict[str, Any]]:
     path = ENGINES_DIR / engine / "levers.yaml"
     if not engine or "/" in engine or not path.is_file():
         return {}
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    doc = safeyaml.load(path.read_text(encoding="utf-8")) or {}
     table = doc.get("settings") if isinstance(doc, dict) else None
     return {str(k): dict(v) for k, v in (table or {}).items() if isinstance(v, dict)}
 

@@ -13,8 +13,10 @@ from oomdoctor.units import parse_size
 def load_yaml(text: str, origin: str) -> Any:
     import yaml  # noqa: PLC0415 - only when a YAML file is read
 
+    from oomdoctor import safeyaml  # noqa: PLC0415
+
     try:
-        return yaml.safe_load(text)
+        return safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         prob = getattr(e, "problem", None) or "malformed"
@@ -24,8 +26,14 @@ def load_yaml(text: str, origin: str) -> Any:
 def load_doc(text: str, origin: str) -> Any:
     """A profiles file's text → its document (JSON when ``origin`` ends in .json, else YAML)."""
     if origin.lower().endswith(".json"):
+        from oomdoctor import safeyaml  # noqa: PLC0415
+
         try:
-            return json.loads(text)
+            return safeyaml.check(json.loads(text))
+        except RecursionError:
+            raise BadInput(f"{origin}: not valid JSON: nested too deeply")
+        except safeyaml.YAMLLimit as e:
+            raise BadInput(f"{origin}: {e.problem}")
         except ValueError as e:
             msg = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
             raise BadInput(f"{origin}: not valid JSON: {msg}")
@@ -33,11 +41,14 @@ def load_doc(text: str, origin: str) -> Any:
 
 
 def read_doc(path: str | os.PathLike) -> Any:
+    from oomdoctor import safeyaml  # noqa: PLC0415
+    from oomdoctor.diagnose.read import read_capped  # noqa: PLC0415
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{p}: cannot be read ({getattr(e, 'strerror', None) or e})")
+        text = read_capped(p, safeyaml.MAX_BYTES, "profiles file").decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{p}: cannot be read ({e})")
     return load_doc(text, str(p))
 
 

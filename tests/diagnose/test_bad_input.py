@@ -52,7 +52,7 @@ NOT_TEXT = {
     "empty.log": (b"", "empty"),
     "blank.log": (b" \n\n\t\r\n  \n" * 1000, "empty"),
     "blank.log.gz": (gzip.compress(b"\n" * 10), "empty"),
-    "utf16.log": ((FIX / "A_fail.log").read_text().encode("utf-16"), "binary"),
+    "utf16-no-bom.log": ((FIX / "A_fail.log").read_text().encode("utf-16-le"), "binary"),   # with a BOM it is read
 }
 
 

@@ -1,0 +1,114 @@
+"""Every rule regex is linear-time or bounded: each rule, through the path lines take to matching
+(``parse_line`` then ``Rule.match``, which sees the first ``MATCH_CHARS`` of a line), meets adversarial lines of
+1 MiB built from its own anchor and from the real line it was written for, in under a second each (the one timed
+bound issue 16 asks for). Patterns that can backtrack catastrophically are refused when the rules are loaded."""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.diagnose.parse import parse_line
+from oomdoctor.diagnose.regexcheck import catastrophic
+from oomdoctor.diagnose.rules import default_rules, load_rules
+from oomdoctor.diagnose.rulespec import MATCH_CHARS
+from oomdoctor.errors import RuleError
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+RULES = default_rules()
+# runs that overlapping repeats, lazy skips and unclosed quotes/brackets feed on
+FILLS = [" ", "a", "0.", "(", "', '", "a=", "File \"/x/sglang/srt/", "1 reqs, Preemptions: 1, "]
+
+
+@lru_cache(maxsize=8)
+def adversarial(anchor: str) -> tuple[str, ...]:
+    out = []
+    for f in FILLS:
+        out.append(anchor + f * (MIB // len(f)))                       # the anchor, then a long run
+        out.append((anchor + f) * (MIB // (len(anchor) + len(f))))     # the anchor again and again
+        out.append(f * (MIB // len(f)) + anchor)                       # the anchor at the very end
+    return tuple(out)
+
+
+def _real_line(rule) -> str | None:
+    """A line of the rule's own fixture that it matches: repeated (without its tail) it is the worst realistic
+    input (a prompt holding log text, a pasted traceback ...)."""
+    for t in rule.tests:
+        if t.get("expect") != "match":
+            continue
+        p = ROOT / "fixtures" / "logs" / t["fixture"]
+        if not p.is_file():
+            continue
+        for raw in p.read_bytes().splitlines():
+            ln = parse_line(1, raw)
+            if rule.match(ln):
+                return ln.text
+    return None
+
+
+def _worst(rule, lines) -> tuple[float, str]:
+    worst, what = 0.0, ""
+    for line in lines:
+        t0 = time.perf_counter()
+        rule.match(parse_line(1, line))
+        dt = time.perf_counter() - t0
+        if dt > worst:
+            worst, what = dt, line[:60]
+    return worst, what
+
+
+@pytest.mark.parametrize("rule", RULES.rules, ids=[r.id for r in RULES.rules])
+def test_every_rule_runs_adversarial_1mib_lines_in_under_a_second(rule):
+    lines = [ln for p in rule.patterns for ln in adversarial(p.anchor)]
+    real = _real_line(rule)
+    if real:
+        body = real[: max(1, len(real) - 3)]                      # its own line without the end: a near-miss
+        lines += [body * (MIB // len(body)), real + " " * MIB, body + "x" * MIB]
+    worst, what = _worst(rule, lines)
+    assert worst < 1.0, f"{rule.id}: {worst:.2f} s on a 1 MiB line starting {what!r}"
+
+
+@pytest.mark.parametrize("engine", sorted(RULES.engines))
+def test_version_patterns_are_bounded_too(engine):
+    for vp in RULES.engines[engine].version_patterns:
+        anchor = re.sub(r"\\.|\(.*", "", vp.pattern)[:24] or "v"
+        for line in adversarial(anchor)[:12]:
+            t0 = time.perf_counter()
+            vp.search(line[:MATCH_CHARS])
+            assert time.perf_counter() - t0 < 1.0, vp.pattern
+        assert catastrophic(vp.pattern) is None
+
+
+def test_a_match_beyond_the_cap_is_not_searched_but_one_inside_it_is():
+    rule = next(r for r in RULES.rules if r.id == "vllm.milestone.kv_budget")
+    hit = "Available KV cache memory: 124.52 GiB"
+    assert rule.match(parse_line(1, "x " * 100 + hit))
+    assert not rule.match(parse_line(1, "x" * MATCH_CHARS + " " + hit))
+
+
+@pytest.mark.parametrize("bad", [r"(a+)+b", r"(\w+\s?)*:", r"Got (?P<u>\d*\.?\d+)\.", r"x.*.*y", r"(?:\S+\s*)+$"])
+def test_catastrophic_patterns_are_refused(bad):
+    assert catastrophic(bad)
+
+
+@pytest.mark.parametrize("ok", [r"Got (?P<u>\d++(?:\.\d++)?|\.\d++)\.", r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*Error: (.+)$",
+                                r"^\s*+File \"[^\"]*+\", line \d++, in f$", r"Load weight end\. .{0,1024}?avail mem=(\d+)",
+                                r"(?>\w+\s?)*:", r"(?P<v>\d+(?:\.\d+)?) GiB"])
+def test_linear_patterns_are_accepted(ok):
+    assert catastrophic(ok) is None
+
+
+def test_loading_refuses_a_rule_file_with_a_catastrophic_regex(tmp_path):
+    src = ROOT / "oomdoctor" / "engines"
+    root = tmp_path / "rules"
+    for eng in ("vllm",):
+        shutil.copytree(src / eng / "rules", root / eng)
+    (root / "vllm" / "evil.yaml").write_text(
+        "id: vllm.evil\nengine: vllm\nrole: info\npatterns:\n  - regex: 'Evil line (?P<x>(?:\\w+\\s?)*)!'\n")
+    with pytest.raises(RuleError, match=r"evil\.yaml.*backtrack catastrophically"):
+        load_rules(root)
