@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +76,13 @@ def _copy_log(log: Path, p: Path, n: int) -> tuple[str, str]:
         dest = dest_dir / f"attempt-{n}.{k}.log"
     dest_dir.mkdir(parents=True, exist_ok=True)
     if log.resolve() != dest.resolve():
-        with open(log, "rb") as src, open(dest, "xb") as dst:
-            shutil.copyfileobj(src, dst)
+        from oomdoctor.redact import redact_text
+
+        # the copy travels with the receipt (committed, read by CI): redacted line by line, numbers untouched
+        with open(log, encoding="utf-8", errors="surrogateescape", newline="") as src, \
+                open(dest, "x", encoding="utf-8", errors="surrogateescape", newline="") as dst:
+            for line in src:
+                dst.write(redact_text(line))
     return dest.relative_to(p.parent).as_posix(), file_sha256(dest)
 
 

@@ -75,8 +75,6 @@ def command(model: str, gpu_memory: str, free: str | None, max_model_len: str | 
             gpu_memory_utilization: float | None, kv_cache_dtype: str | None, max_num_seqs: str | None,
             max_num_batched_tokens: str | None, kv_cache_memory_bytes: str | None, tensor_parallel_size: int | None,
             engine_version: str, usage_context: str, block_size: int | None, enforce_eager: bool, as_json: bool) -> int:
-    import json
-
     result = plan(model, gpu_memory, free=free, max_model_len=max_model_len,
                   gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -30,7 +30,7 @@ from oomdoctor.card import fingerprint as fpmod
 from oomdoctor.card.fingerprint import memory_settings
 from oomdoctor.errors import BadInput
 from oomdoctor.profiles.receipts import measured
-from oomdoctor.profiles.files import load_doc, read_doc, size
+from oomdoctor.profiles.files import load_doc, read_doc, size  # noqa: F401  (load_doc: the reader's API, gate/configs.py)
 
 SCHEMA_ID = "oomdoctor.serving-profiles/v1"
 PROFILE_FIELDS = ("name", "window", "max_model_len", "settings", "requires_free_bytes", "measured",

@@ -95,16 +95,27 @@ def test_no_secret_in_a_receipt(tmp_path):
     from oomdoctor.card import receipt as rcpt
 
     ec = {"engine": "vllm", "engine_version": "0.25.1", "model": "/root/model", "model_revision": None,
-          "settings": {"max_model_len": 32768}, "env": {"VLLM_LOGGING_LEVEL": "INFO"}}
+          "settings": {"max_model_len": 32768}, "env": {}}
     planted = planted_log(tmp_path).read_text().splitlines()
     att = {"outcome": "pass", "engine": {"name": "vllm", "version": "0.25.1", "mode": "real"},
            "target_device": "nvidia-h200", "argv": ["vllm", "serve", "m", "--api-key", S["api_key_flag"],
                                                     f"--token={S['token_flag_eq']}", "--password", S["password_flag"]]}
-    p = rcpt.write_receipt(tmp_path / "receipts" / "r.yaml", ec, att, source={"path": "serve.yaml", "log": planted[:3]
-                                                                              + [ln for ln in planted if "proxy=" in ln
-                                                                                 or "non-default" in ln]})
+    from tests.gate.runlog import run_log
+
+    log = run_log(tmp_path / "runs", ec)             # the run's own log (a real H200 pass, rewritten to this config)
+    with log.open("a") as f:                         # ... with the planted log's lines that hold a secret (not its
+        #                                            config lines: the log must still show a pass of this config)
+        f.write("\n".join(ln for ln in planted if leaked(ln) and not ln.startswith("#")
+                           and "non-default args" not in ln) + "\n")
+    p = rcpt.write_receipt(tmp_path / "receipts" / "r.yaml", ec, att, log=log,
+                           source={"path": "serve.yaml", "log": planted[:3]
+                                   + [ln for ln in planted if "proxy=" in ln or "non-default" in ln]})
     text = p.read_text()
     assert leaked(text) == [] and "max_model_len: 32768" in text
+    copies = [f for f in p.parent.rglob("*") if f.is_file() and f != p]
+    assert copies, "the run's log travels with the receipt"
+    for f in copies:
+        assert leaked(f.read_text(errors="replace")) == [], f
 
 
 def test_each_secret_form_alone():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from oomdoctor.analysis.compare.fmt import fmt_value
 from oomdoctor.analysis.compare.tables import GiB
-from oomdoctor.errors import BadInput, MissingExtra
+from oomdoctor.errors import MissingExtra
 
 
 def print_tables(res: dict, file=None) -> None:

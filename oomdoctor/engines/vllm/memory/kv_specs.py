@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, TypeVar
+from typing import Callable, TypeVar
 
 from oomdoctor.engines.vllm.defaults import defaults_for
 from oomdoctor.engines.vllm.memory.common import DTYPE_BYTES, cdiv, positive_int
