@@ -27,16 +27,21 @@ def _project_for(git: Git | None, cwd: Path, project_file: str | os.PathLike | N
         here = here.parent
 
 
+def _open_project(project_file: str | os.PathLike | None, cwd: str | os.PathLike | None):
+    """(cwd, git or None outside a repository, project root, the parsed project file)."""
+    here = Path(cwd or os.getcwd())
+    try:
+        git: Git | None = Git(here)
+    except BadInput:
+        git = None
+    root, pf = _project_for(git, here, project_file)
+    return here, git, root, load_project(pf, root)
+
+
 def list_serving_configs(project_file: str | os.PathLike | None = None,
                          cwd: str | os.PathLike | None = None) -> list[ServingConfig]:
     """Every serving config the project file declares, as in the working tree."""
-    cwd = Path(cwd or os.getcwd())
-    try:
-        git: Git | None = Git(cwd)
-    except BadInput:
-        git = None
-    root, pf = _project_for(git, cwd, project_file)
-    project = load_project(pf, root)
+    cwd, git, root, project = _open_project(project_file, cwd)
     tree = WorkTree(root, git)
     out: list[ServingConfig] = []
     for rel, entry in _instances(project, tree):
@@ -50,13 +55,7 @@ def load_serving_config(config_path: str | os.PathLike, profile: str | None = No
     """The serving config at ``config_path`` (relative to ``cwd``), as the project file declares it.
     For a serving-profiles file, ``profile`` names the profile (required). BadInput when the path is not
     a declared serving config, or the profile does not exist."""
-    cwd = Path(cwd or os.getcwd())
-    try:
-        git: Git | None = Git(cwd)
-    except BadInput:
-        git = None
-    root, pf = _project_for(git, cwd, project_file)
-    project = load_project(pf, root)
+    cwd, git, root, project = _open_project(project_file, cwd)
     cp = Path(config_path)
     cp = cp if cp.is_absolute() else cwd / cp
     try:

@@ -16,13 +16,19 @@ OFFLINE_LAUNCHERS = frozenset({"vllm-llm", "offline", "python"})
 
 
 @lru_cache(maxsize=16)
-def engine_words(engine: str) -> dict[str, dict[str, Any]]:
-    """The ``settings`` table of ``engines/<engine>/levers.yaml`` ({} when the engine has none)."""
+def lever_table(engine: str) -> dict[str, Any]:
+    """``engines/<engine>/levers.yaml`` as read: the ONE reader of that file ({} when the engine has none)."""
     path = ENGINES_DIR / engine / "levers.yaml"
     if not engine or "/" in engine or not path.is_file():
         return {}
     doc = safeyaml.load(path.read_text(encoding="utf-8")) or {}
-    table = doc.get("settings") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else {}
+
+
+@lru_cache(maxsize=16)
+def engine_words(engine: str) -> dict[str, dict[str, Any]]:
+    """The ``settings`` table of ``engines/<engine>/levers.yaml`` ({} when the engine has none)."""
+    table = lever_table(engine).get("settings")
     return {str(k): dict(v) for k, v in (table or {}).items() if isinstance(v, dict)}
 
 

@@ -11,10 +11,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import yaml
 
-from oomdoctor.levers.flags import OFFLINE_LAUNCHERS, flag_for
-from oomdoctor.paths import ENGINES_DIR
+from oomdoctor.levers.flags import OFFLINE_LAUNCHERS, flag_for, lever_table
 
 _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 
@@ -22,12 +20,8 @@ _ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 @lru_cache(maxsize=16)
 def commands(engine: str) -> dict[str, str]:
     """The ``commands`` table of ``engines/<engine>/levers.yaml`` ({} when there is none)."""
-    path = ENGINES_DIR / engine / "levers.yaml"
-    if not engine or "/" in engine or not path.is_file():
-        return {}
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    table = doc.get("commands") if isinstance(doc, dict) else None
-    return {str(k): str(v) for k, v in (table or {}).items()} if isinstance(table, dict) else {}
+    table = lever_table(engine).get("commands")
+    return {str(k): str(v) for k, v in table.items()} if isinstance(table, dict) else {}
 
 
 def _value(k: str, v: Any) -> str:

@@ -9,31 +9,23 @@ in vLLM's.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any
 
-import yaml
 
 from oomdoctor.card.records import Lever
 from oomdoctor.levers.context import Ctx
-from oomdoctor.levers.flags import flag_for
+from oomdoctor.levers.flags import flag_for, lever_table
 from oomdoctor.levers.record import lever
 from oomdoctor.levers.settings import free_others, larger_gpu
-from oomdoctor.paths import ENGINES_DIR
 
 #: the keys a lever's entry in levers.yaml may carry (a class's entry may override any of them)
 SPEC_KEYS = frozenset({"setting", "current", "default", "default_basis", "set", "add", "scale", "round", "min", "max",
                        "at_least", "cost", "basis", "applies_as", "generic"})
 
 
-@lru_cache(maxsize=16)
 def engine_table(engine: str) -> dict[str, Any]:
     """``engines/<engine>/levers.yaml`` as read ({} when the engine has none)."""
-    path = ENGINES_DIR / engine / "levers.yaml"
-    if not engine or "/" in engine or not path.is_file():
-        return {}
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return doc if isinstance(doc, dict) else {}
+    return lever_table(engine)
 
 
 def has_own_levers(engine: str | None) -> bool:
