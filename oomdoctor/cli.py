@@ -100,6 +100,12 @@ def _pipe_broke(before: tuple[int, int] | None) -> bool:
     return before is not None and before != null and _stdout_id() == null
 
 
+def _one_line(msg: object) -> str:
+    """An error message as ONE line: control characters that came from the input (a key with a CR in a card, a
+    newline in a path) are written escaped, never as line breaks."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(msg))
+
+
 def main(argv: list[str] | None = None) -> None:
     from oomdoctor.errors import OomdoctorError
 
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             _reader_left()
         raise
     except OomdoctorError as e:
-        click.echo(f"oomdoctor: error: {e}", err=True)
+        click.echo(f"oomdoctor: error: {_one_line(e)}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("oomdoctor: aborted", err=True)
@@ -121,10 +127,10 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(e.ctx.get_help())
             sys.exit(0)
         where = e.ctx.command_path if e.ctx is not None else "oomdoctor"
-        click.echo(f"oomdoctor: error: {where}: {e.format_message().rstrip('.')} (see {where} --help)", err=True)
+        click.echo(f"oomdoctor: error: {where}: {_one_line(e.format_message().rstrip('.'))} (see {where} --help)", err=True)
         sys.exit(2)
     except click.ClickException as e:
-        click.echo(f"oomdoctor: error: {e.format_message()}", err=True)
+        click.echo(f"oomdoctor: error: {_one_line(e.format_message())}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("oomdoctor: interrupted", err=True)

@@ -217,11 +217,11 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
         mode = "real" if _real_engine_available(card) else "twin"
     device_now = _device_now()
     lever = choose_lever(card, lever_id, next_, device_now, mode)
+    p = plan(card, lever, emulate, gpu_index, no_emulate)        # a card that cannot run: one error line, nothing before
     for lv in card.get("levers") or []:
         why = lever_needs_hardware(lv, card, device_now)
         if why:
             say(f"never run here (needs other hardware): {lv['id']} — {why}")
-    p = plan(card, lever, emulate, gpu_index, no_emulate)
     p.env, held_back = safe_env(p.env, trust_card)
     if held_back:
         p.description.append(f"environment from the card not passed to the engine (--trust-card passes it): "

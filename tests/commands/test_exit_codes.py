@@ -142,3 +142,12 @@ def test_a_bare_group_prints_its_help(cli, argv) -> None:
 def test_a_usage_error_names_the_command_and_its_help(cli) -> None:
     r = cli("diagnose")
     assert r.err_lines == ["oomdoctor: error: oomdoctor diagnose: Missing argument 'LOG' (see oomdoctor diagnose --help)"]
+
+
+def test_an_error_naming_input_with_line_breaks_is_still_one_line(cli, tmp_path: Path) -> None:
+    """Found by the card fuzzer: a field name with a CR in a card split the error line in two."""
+    card = tmp_path / "card.yaml"
+    card.write_text("schema: oomdoctor.incident/v1\nnumbers: {\"a\\rb\": null}\n")
+    for args in (["retest", card, "--dry-run"], ["diagnose", tmp_path / "no\nsuch.log"]):
+        r = cli(*args)
+        assert r.rc == 2 and len(r.err.splitlines()) == 1 and r.err.startswith("oomdoctor: error: "), r.err

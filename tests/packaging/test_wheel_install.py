@@ -40,14 +40,15 @@ def test_diagnose_from_a_fresh_venv_non_editable(wheel: Path, tmp_path: Path) ->
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    # the dependencies come from this interpreter's site-packages (plain paths: its editable oomdoctor is not
-    # imported from there, because a .pth line only adds a folder and runs no other .pth file)
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
                         str(wheel)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+    # then the dependencies come from this interpreter's site-packages, as plain paths after the venv's own (written
+    # after the install, so that pip does not take an oomdoctor there for already installed; a .pth line only adds
+    # a folder and runs no other .pth file, so an editable oomdoctor there is not imported either)
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OOMDOCTOR_", "PYTHONPATH"))}
     where = subprocess.run([str(py), "-c", "import oomdoctor; print(oomdoctor.__file__)"], capture_output=True,
                            text=True, cwd=tmp_path, env=env, check=True).stdout.strip()
