@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from oomdoctor.bounds import Exceeded, expanded_weight
+
 MAX_BYTES = 2 << 20                    # the largest committed card is 18 KB; a card with 1,000 attempts ~1 MB
 MAX_DEPTH = 64
 MAX_NODES = 100_000
@@ -32,37 +34,20 @@ class YAMLLimit(yaml.YAMLError):
         self.problem_mark = None
 
 
-def _weigh(obj: Any, depth: int, memo: dict[int, int]) -> int:
-    """The number of values in ``obj`` with every shared reference expanded (each shared part weighed once)."""
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, float, bytes)):
-        return 1
-    if isinstance(obj, int):
-        if not -_BIG < obj < _BIG:
-            raise YAMLLimit(f"an integer of more than {MAX_INT_DIGITS} digits")
-        return 1
-    if depth > MAX_DEPTH:
-        raise YAMLLimit(f"nested deeper than {MAX_DEPTH} levels")
-    seen = memo.get(id(obj))
-    if seen is not None:
-        return seen
-    memo[id(obj)] = 1                      # a self-reference (``&a [*a]``) weighs 1, not forever
-    items = list(obj.items()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple, set)) else []
-    w = 1
-    for it in items:
-        if isinstance(it, tuple) and isinstance(obj, dict):
-            w += _weigh(it[0], depth + 1, memo) + _weigh(it[1], depth + 1, memo)
-        else:
-            w += _weigh(it, depth + 1, memo)
-        if w > MAX_NODES:
-            raise YAMLLimit(f"more than {MAX_NODES:,} values once its aliases are expanded")
-    memo[id(obj)] = w
-    return w
+def _weigh(obj: Any) -> int:
+    """The number of values in ``obj`` with every shared reference expanded; YAMLLimit past a bound."""
+    try:
+        return expanded_weight(obj, MAX_DEPTH, MAX_NODES, _BIG)
+    except Exceeded as e:
+        raise YAMLLimit({"int": f"an integer of more than {MAX_INT_DIGITS} digits",
+                         "depth": f"nested deeper than {MAX_DEPTH} levels",
+                         "values": f"more than {MAX_NODES:,} values once its aliases are expanded"}[e.kind])
 
 
 def check(doc: Any) -> Any:
     """``doc`` (e.g. from ``json.loads``) when it is within the depth, size and integer bounds; else YAMLLimit."""
     try:
-        _weigh(doc, 0, {})
+        _weigh(doc)
     except RecursionError:  # pragma: no cover - MAX_DEPTH is far below the recursion limit
         raise YAMLLimit("nested too deeply")
     return doc

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pickletools
 from typing import Any
 
+from oomdoctor.bounds import Exceeded, expanded_weight
 from oomdoctor.errors import BadInput
 
 MAX_BYTES = 2 << 30           # a snapshot with a long allocation history is hundreds of MB
@@ -76,29 +77,15 @@ def scan_opcodes(raw: bytes, where: str) -> None:
     raise BadInput(f"{where}: not a readable pickle (it ends without its STOP opcode)")
 
 
-def _weigh(obj: Any, depth: int, memo: dict[int, int], where: str) -> int:
-    if isinstance(obj, int) and not -MAX_INT < obj < MAX_INT:
-        raise BadInput(f"{where}: the pickle holds an integer of {obj.bit_length():,} bits; a memory snapshot's "
-                       "sizes and addresses fit in 64")
-    if not isinstance(obj, (dict, list, tuple, set, frozenset)):
-        return 1
-    if depth > MAX_DEPTH:
-        raise BadInput(f"{where}: the pickle nests deeper than {MAX_DEPTH} levels; not a memory snapshot")
-    seen = memo.get(id(obj))
-    if seen is not None:
-        return seen
-    memo[id(obj)] = 1
-    w = 1
-    items = (x for kv in obj.items() for x in kv) if isinstance(obj, dict) else iter(obj)
-    for it in items:
-        w += _weigh(it, depth + 1, memo, where)
-        if w > MAX_VALUES:
-            raise BadInput(f"{where}: the pickle expands to more than {MAX_VALUES:,} values (shared references "
-                           "repeated over and over); not a memory snapshot")
-    memo[id(obj)] = w
-    return w
-
-
 def check_data(data: Any, where: str) -> None:
     """Raise BadInput when the unpickled ``data`` is deeper or (expanded) larger than a snapshot can be."""
-    _weigh(data, 0, {}, where)
+    try:
+        expanded_weight(data, MAX_DEPTH, MAX_VALUES, MAX_INT)
+    except Exceeded as e:
+        if e.kind == "int":
+            raise BadInput(f"{where}: the pickle holds an integer of {e.obj.bit_length():,} bits; a memory snapshot's "
+                           "sizes and addresses fit in 64")
+        if e.kind == "depth":
+            raise BadInput(f"{where}: the pickle nests deeper than {MAX_DEPTH} levels; not a memory snapshot")
+        raise BadInput(f"{where}: the pickle expands to more than {MAX_VALUES:,} values (shared references "
+                       "repeated over and over); not a memory snapshot")
