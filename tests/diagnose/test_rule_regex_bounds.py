@@ -112,3 +112,12 @@ def test_loading_refuses_a_rule_file_with_a_catastrophic_regex(tmp_path):
         "id: vllm.evil\nengine: vllm\nrole: info\npatterns:\n  - regex: 'Evil line (?P<x>(?:\\w+\\s?)*)!'\n")
     with pytest.raises(RuleError, match=r"evil\.yaml.*backtrack catastrophically"):
         load_rules(root)
+
+
+def test_every_bundled_pattern_passes_the_load_time_check() -> None:
+    """The bundled catalogue skips the load-time check (start-up time); this is where it is made for it."""
+    from oomdoctor.diagnose.rules import default_rules
+
+    rs = default_rules()
+    bad = [(r.id, p.regex.pattern) for r in rs.rules for p in r.patterns if catastrophic(p.regex.pattern)]
+    assert not bad, bad
