@@ -175,15 +175,19 @@ def _levers_tests_priority(d: dict, where: str) -> tuple[list, list, int]:
     return levers, tests, prio
 
 
+def _only_known(d: dict, keys: set[str], where: str) -> None:
+    unknown = set(d) - keys
+    if unknown:
+        raise RuleError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+
+
 def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
     where = f"{path}"
     if not isinstance(d, dict):
         raise RuleError(f"{where}: a rule must be a mapping")
     rid = _req(d, "id", where)
     where = f"{path} [{rid}]"
-    unknown = set(d) - RULE_KEYS
-    if unknown:
-        raise RuleError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    _only_known(d, RULE_KEYS, where)
     engine = _req(d, "engine", where)
     if engine != engine_dir:
         raise RuleError(f"{where}: engine '{engine}' does not match its folder rules/{engine_dir}/")
@@ -237,9 +241,7 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     where = str(path)
     if not isinstance(d, dict):
         raise RuleError(f"{where}: engine.yaml must be a mapping")
-    unknown = set(d) - ENGINE_KEYS
-    if unknown:
-        raise RuleError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    _only_known(d, ENGINE_KEYS, where)
     engine = _req(d, "engine", where)
     if engine != engine_dir:
         raise RuleError(f"{where}: engine '{engine}' does not match its folder")
