@@ -126,8 +126,8 @@ def score(entry: dict, got: dict, ooms: set[str]) -> dict:
         engines.add(None)
     return {"class_ok": strict, "lenient_ok": lenient, "phase_ok": phase_ok,
             "engine_ok": got["engine"] in engines,
-            "memory_failure": got["class"] not in contract.NO_MEMORY_FAILURE,
-            "oom": got["class"] in ooms}
+            "memory_failure": got["class"] in contract.CLASSES and got["class"] not in contract.NO_MEMORY_FAILURE,
+            "oom": got["class"] in ooms, "refused": got["class"].startswith("error:")}
 
 
 def diagnose(text: str, ruleset) -> dict:
@@ -159,7 +159,8 @@ def totals(rows: list[dict]) -> dict:
                 "class_phase": sum(bool(r["phase_ok"]) for r in ph), "class_phase_n": len(ph),
                 "engine": sum(r["engine_ok"] for r in rs), "clean_n": len(clean),
                 "clean_called_memory_failure": sum(r["memory_failure"] for r in clean),
-                "clean_called_oom": sum(r["oom"] for r in clean)}
+                "clean_called_oom": sum(r["oom"] for r in clean),
+                "refused": sum(r["refused"] for r in rs)}
     by_engine, by_class = defaultdict(list), defaultdict(list)
     for r in rows:
         by_engine[str(r["engine"])].append(r)
@@ -188,7 +189,7 @@ def print_table(rows: list[dict], skipped: list[dict], tot: dict) -> None:
         print(f"{title}: n={t['n']}  class {pct(t['class'], t['n'])}  lenient {pct(t['lenient'], t['n'])}  "
               f"class+phase {pct(t['class_phase'], t['class_phase_n'])}  engine {pct(t['engine'], t['n'])}  "
               f"clean called a memory failure {t['clean_called_memory_failure']}/{t['clean_n']} "
-              f"(an OOM class {t['clean_called_oom']})")
+              f"(an OOM class {t['clean_called_oom']})  refused (diagnose raised) {t['refused']}")
     for key in ("by_engine", "by_class"):
         print(f"\n{key}:")
         for k, t in tot[key].items():
