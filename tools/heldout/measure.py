@@ -38,7 +38,7 @@ class Absent(Exception):
 
 # ----------------------------------------------------------------------------- extraction
 def read_source(src: dict, entry_src: dict, mirrors: Path, sdists: Path) -> str:
-    path = entry_src["path"]
+    path = entry_src["path"] if isinstance(entry_src["path"], str) else "/".join(entry_src["path"])
     if src["kind"] == "git":
         owner, name = src["repo"].split("/")
         gitdir = mirrors / f"{owner}+{name}" / "repo"
