@@ -34,7 +34,6 @@ NOT_YET: dict[str, str] = {
     "vllm-v0p-035": "diagnosed weights_load_oom/weights_load/vllm: torch one-liner reproduction in a container shell, device_count 2, ample free memory, XPU OOM ",
     "oe-009": "diagnosed unknown/none/None: tail: one torch frame + NPU OOM line",
     "oe-019": "diagnosed unknown/none/None: single device-assignment message, no memory word",
-    "oe-038": "diagnosed unknown/none/tgi: shard stderr warnings + serve traceback cut at FlashLlama",
     "oe-040": "diagnosed unknown/none/tgi: success milestones only, runtime death not in text",
 }
 
