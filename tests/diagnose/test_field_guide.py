@@ -25,7 +25,6 @@ NOT_YET: dict[str, str] = {
     "vllm-v1-006": "diagnosed cascade_only/none/vllm: wrapper-only single line, no prefix, no traceback, no root line",
     "vllm-v1-012": "diagnosed unknown/none/vllm: two ranks (0, 7) interleaved line by line, VllmWorker prefix + ERROR tag, only compiled-graph frames, no except",
     "vllm-v1-017": "diagnosed weights_load_oom/weights_load/vllm: Lemonade re-log: own timestamp + [Error]/[Info] + (Process) before the vLLM EngineCore prefix,",
-    "vllm-v1-021": "diagnosed unknown/none/vllm: hand-condensed log with bracketed '[... N similar ...]' notes and '...' progress bars, Worker_TPN_EPN/EngineCor",
     "vllm-v1-027": "diagnosed weights_load_oom/weights_load/vllm: HTML-rendered, paraphrased report (error class, function names, rounded figures), no raw log l",
     "vllm-v1-030": "diagnosed unknown/none/None: EngineCore_0 INFO lines from a debug-instrumented scheduler interleaved with LMCache's own logger format, no er",
     "vllm-v0p-020": "diagnosed unknown/none/vllm: per-worker milestones through CUDA-graph capture notices, no exception line (log ends in capture), capture hint",
