@@ -66,11 +66,18 @@ def _is_frame_line(m: Match) -> bool:
     return 'File "' in t and '", line ' in t
 
 
+def _is_cut_reading(m: Match) -> bool:
+    """A match that stands for an exception line the paste lacks (a cut traceback's frame, a worker's exception
+    header with its traceback cut: a fallback root of confidence low). It is part of a traceback, not an error that
+    bounds one."""
+    return _is_frame_line(m) or (m.rule.fallback and m.rule.confidence == "low")
+
+
 def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tuple[int, int | None, int | None]:
     """The previous and next error lines of ``root``'s process (they bound its traceback)."""
-    # a frame line is part of a traceback, not an error that bounds one (the cut-traceback rule matches frames)
+    # a frame line or a worker's exception header is part of a traceback, not an error that bounds one
     same = [c.n for c in roots + cascades if c.line.process == root.line.process and c.rule.id != root.rule.id
-            and not _is_frame_line(c)]
+            and not _is_cut_reading(c)]
     prev = max([n for n in same if n < root.n] or [0])
     after = sorted(n for n in same if n > root.n)
     nxt = after[0] if after else None

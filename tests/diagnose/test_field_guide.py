@@ -22,20 +22,48 @@ CASES = yaml.safe_load((ROOT / "expected.yaml").read_text(encoding="utf-8"))
 RULES = default_rules()
 
 NOT_YET: dict[str, str] = {
-    "vllm-v1-006": "diagnosed cascade_only/none/vllm: wrapper-only single line, no prefix, no traceback, no root line",
-    "vllm-v1-012": "diagnosed unknown/none/vllm: two ranks (0, 7) interleaved line by line, VllmWorker prefix + ERROR tag, only compiled-graph frames, no except",
-    "vllm-v1-017": "diagnosed weights_load_oom/weights_load/vllm: Lemonade re-log: own timestamp + [Error]/[Info] + (Process) before the vLLM EngineCore prefix,",
-    "vllm-v1-021": "diagnosed unknown/none/vllm: hand-condensed log with bracketed '[... N similar ...]' notes and '...' progress bars, Worker_TPN_EPN/EngineCor",
-    "vllm-v1-027": "diagnosed weights_load_oom/weights_load/vllm: HTML-rendered, paraphrased report (error class, function names, rounded figures), no raw log l",
-    "vllm-v1-030": "diagnosed unknown/none/None: EngineCore_0 INFO lines from a debug-instrumented scheduler interleaved with LMCache's own logger format, no er",
-    "vllm-v0p-020": "diagnosed unknown/none/vllm: per-worker milestones through CUDA-graph capture notices, no exception line (log ends in capture), capture hint",
-    "vllm-v0p-024": "diagnosed unknown/none/None: bare traceback tail, ipex-llm low_bit_linear frame, XPU OOM wording, nothing else",
-    "vllm-v0p-032": "diagnosed not_memory/none/vllm: reporter's single [rank0] AssertionError line, then commenter's 0.0000 GB weights milestone and [rank0] swif",
-    "vllm-v0p-035": "diagnosed weights_load_oom/weights_load/vllm: torch one-liner reproduction in a container shell, device_count 2, ample free memory, XPU OOM ",
-    "oe-009": "diagnosed unknown/none/None: tail: one torch frame + NPU OOM line",
-    "oe-019": "diagnosed unknown/none/None: single device-assignment message, no memory word",
-    "oe-038": "diagnosed unknown/none/tgi: shard stderr warnings + serve traceback cut at FlashLlama",
-    "oe-040": "diagnosed unknown/none/tgi: success milestones only, runtime death not in text",
+    # each: what is diagnosed instead, and why no general rule can read the case's class out of this text
+    "vllm-v1-006": "diagnosed cascade_only/none/vllm: the paste is one wrapper line ('Engine core initialization "
+                   "failed. Failed core proc(s): {}') and no root line; a wrapper-only paste is cascade_only by the "
+                   "contract. The case's weights_load_oom comes from the PR's subject (UMA weight loading), not a line",
+    "vllm-v1-012": "diagnosed unknown/none/vllm: no exception line and no memory word (the OOM is in the title). The "
+                   "frames left are torch.compile's (_dynamo eval_frame _fn, fx graph_module __call__, <eval_with_key> "
+                   "forward), which run in the profiling pass, in graph capture and in serving alike; the vLLM frames "
+                   "that would place it are cut, and no milestone or serving line comes before it",
+    "vllm-v1-017": "diagnosed weights_load_oom/weights_load/vllm: the paste joins two runs (EngineCore pid 45102, then "
+                   "pid 47210 19 minutes later): first a HIP OOM with no frame or milestone, then a kv_capacity "
+                   "ValueError. The first cause wins; the run the case means is the thread's choice, not the text's",
+    "vllm-v1-027": "diagnosed weights_load_oom/weights_load/vllm (likely, low): after the HTML rendering only the XPU "
+                   "OOM line with rounded figures is left. No frame, milestone or serving line shows the phase (the "
+                   "long prefill is in the report's heading, which is prose), so the bare OOM gets its likely phase",
+    "vllm-v1-030": "diagnosed unknown/none/None: the only lines ('Preempted request ... has been resumed!', 'Resumed "
+                   "request ... has N computed tokens', LMCache INFO) come from a debug-instrumented scheduler. Stock "
+                   "vLLM prints neither (scheduler.py of 0.8.5, 0.9.2, 0.11.0 and 0.25.1 read) and V1 has no "
+                   "per-preemption line, so a rule for them would match lines the engine does not print",
+    "vllm-v0p-020": "diagnosed unknown/none/vllm: no error line. The log ends after V0's capture notices, which every "
+                    "healthy start prints too (the 'CUDA graphs can take additional 1~3 GiB ... If you are running "
+                    "out of memory' hint included), so it reads as a clean start cut by the paste; the OOM is in the "
+                    "reporter's words",
+    "vllm-v0p-024": "diagnosed unknown/none/None: a bare traceback tail into ipex_llm/transformers/low_bit_linear.py "
+                    "(ipex-llm's model layers, also used without vLLM) and the XPU OOM line. Nothing names vLLM, and a "
+                    "layer's forward runs in profiling and in serving alike, so neither the engine nor the phase is in "
+                    "the text",
+    "vllm-v0p-032": "diagnosed not_memory/none/vllm: the assertion is V0's profiling-consistency check (vllm_ascend "
+                    "v0.7.1rc1 worker.py:233-238, assert peak_memory > 0: free memory rose during profiling, here by "
+                    "258,048 B). vllm.other.profiling_inconsistent calls that same check not_memory in every build; the "
+                    "case's free_memory_below_utilization is an analogy that the case itself marks uncertain",
+    "vllm-v0p-035": "diagnosed weights_load_oom/weights_load/vllm (likely, low): a bare 'torch.OutOfMemoryError: XPU "
+                    "out of memory.' with no figures. The ample free memory and the 1-element tensor are only in the "
+                    "user's own python -c command and its printed mem_get_info() tuple, which no engine prints, so the "
+                    "text reads as an out-of-memory error",
+    "oe-009": "diagnosed unknown/none/None: one torch/_ops.py frame and torch_npu's OOM line. Nothing names SGLang (the "
+              "same line comes from vllm-ascend or any torch_npu program), and no frame, milestone or serving line "
+              "shows the phase",
+    "oe-019": "diagnosed unknown/none/None: the one line is llama.cpp's LLAMA_LOG_WARN from resolve_fused_ops "
+              "(src/llama-context.cpp). After it the fused op is disabled and start-up goes on; it has no memory "
+              "word, and reading it as an OOM would call every partial offload a failure",
+    "oe-040": "diagnosed unknown/none/tgi: only success milestones (the warm-up done, 'Setting max batch total tokens'). "
+              "The runtime OOM is in the reporter's screenshots, not in the text, and a clean log is never an OOM",
 }
 
 

@@ -104,6 +104,25 @@ def test_cut_traceback_gets_its_phase_from_frames_with_low_confidence():
     assert d.confidence == "low" and d.rule == "vllm.traceback.cut"
 
 
+def test_worker_header_with_its_traceback_cut_is_placed_by_the_milestones_before_it():
+    # "WorkerProc hit an exception." right after the capture progress, its traceback cut (a condensed paste)
+    d = _diag(FG / "vllm-v1-021.log")
+    assert (d.klass, d.phase, d.rule) == ("cuda_graph_oom", "cuda_graph", "vllm.traceback.worker_header_cut")
+    assert (d.phase_basis_kind, d.confidence) == ("milestones", "low")
+    # the header alone, with nothing that places it, is no memory failure
+    path = FG / "vllm-v1-021.log"
+    alone = diagnose_lines(_lines(path, lambda t: "WorkerProc hit an exception" in t), RULES, SourceInfo(str(path)))
+    assert alone.klass == "unknown" and not alone.is_memory_failure
+    # with its traceback, the exception line decides (here an illegal memory access)
+    assert _diag(FG / "vllm-v1-041.log").klass == "not_memory"
+
+
+def test_tgi_shard_traceback_cut_is_placed_by_its_frames_with_low_confidence():
+    d = _diag(FG / "oe-038.log")
+    assert (d.klass, d.phase, d.engine, d.rule) == ("weights_load_oom", "weights_load", "tgi", "tgi.traceback.cut")
+    assert d.confidence == "low"
+
+
 def test_engine_from_its_own_message_when_no_detection_string():
     d = _diag(FG / "vllm-v1-008.log")
     assert d.engine == "vllm" and d.klass == "free_memory_below_utilization"

@@ -36,7 +36,6 @@ NOT_IN_THE_PASTE = {
     "oe-009": "the paste is one torch frame and torch_npu's OOM line: nothing in it names SGLang",
     "oe-019": "llama.cpp's fused-op device-assignment WARN; it says nothing about memory (the case's class comes from "
               "the thread's outcome), so reading it as an OOM would call every partial offload a failure",
-    "oe-038": "the paste stops in get_model's frames before any exception line: no error is in the text",
     "oe-040": "only success milestones; the runtime OOM is in the reporter's words, not in the log",
 }
 
