@@ -30,8 +30,8 @@ RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_pha
              "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "embeds",
-               "notes"}
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "detect_lines", "version_patterns", "phases", "preemption_counters",
+               "embeds", "notes"}
 _FUNC_RE = re.compile(r"[A-Za-z_<][\w<>]*")
 
 
@@ -249,6 +249,11 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     detect = d.get("detect") or []
     if not isinstance(detect, list) or not all(isinstance(x, str) and x for x in detect):
         raise RuleError(f"{where}: 'detect' must be a list of literal strings")
+    # line shapes of the engine's own output that no rule reads (llama_print_timings, [TensorRT-LLM][INFO]): detection
+    # strings that are scan anchors too, so that a paste of only such lines is still told apart
+    lines = d.get("detect_lines") or []
+    if not isinstance(lines, list) or not all(isinstance(x, str) and len(x) >= 4 and x.isascii() for x in lines):
+        raise RuleError(f"{where}: 'detect_lines' must be a list of ASCII literal strings of 4+ characters")
     vps = [_compile(p, f"{where} version_patterns[{i}]") for i, p in enumerate(d.get("version_patterns") or [])]
     for i, p in enumerate(vps):
         if "version" not in p.groupindex:
@@ -263,8 +268,8 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     embeds = d.get("embeds") or []
     if not isinstance(embeds, list) or not all(isinstance(x, str) and x and x != engine for x in embeds):
         raise RuleError(f"{where}: 'embeds' must be a list of other engines' names")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters),
-                      embeds=list(embeds))
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect + [x for x in lines if x not in detect], vps,
+                      phases, str(path), list(counters), embeds=list(embeds), detect_lines=list(lines))
 
 
 def _load_yaml(path: Path) -> Any:

@@ -182,6 +182,8 @@ class EngineSpec:
     preemption_counters: list[str] = field(default_factory=list)
     # engines whose output this engine's log carries verbatim (Ollama runs llama.cpp): their rules apply too
     embeds: list[str] = field(default_factory=list)
+    # detection strings that are scan anchors too (engine.yaml detect_lines; also in ``detect``)
+    detect_lines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -207,11 +209,12 @@ class RuleSet:
 
 
 def anchors_of(rules: Iterable[Rule], engines: Iterable[EngineSpec] = ()) -> set[bytes]:
-    """What the scanner looks for: every pattern's anchor and the version lines. Engine detection strings are
-    NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
+    """What the scanner looks for: every pattern's anchor, the version lines and the engines' ``detect_lines``. The
+    other detection strings are NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
     such as a process prefix, would otherwise send the whole log through Python)."""
     out = {p.anchor.encode() for r in rules for p in r.patterns}
     for e in engines:
+        out.update(x.encode() for x in e.detect_lines)
         for vp in e.version_patterns:
             a = derive_anchor(vp.pattern)
             if a:
