@@ -21,6 +21,7 @@ from oomdoctor import contract
 from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
+from oomdoctor.diagnose.rulespec import nearest_covered
 from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, class_of, classify_root, decide, select_root
@@ -58,6 +59,7 @@ class Diagnosis:
     confidence: str = ""                   # high | medium | low
     settle: str = ""                       # the lines that would settle a phase the paste does not show
     fetch: str = ""                        # cascade_only: whose output holds the root cause, and how to get it
+    version_caveat: str = ""               # the version is outside what the rules cover: nearest rules were used
 
     @property
     def is_memory_failure(self) -> bool:
@@ -73,29 +75,35 @@ class Diagnosis:
             out["settled_by"] = self.settle
         if self.fetch:
             out["root_cause_in"] = self.fetch
+        if self.version_caveat:
+            out["version_caveat"] = self.version_caveat
         return out
 
 
 # ----------------------------------------------------------------------------- phases
 # ----------------------------------------------------------------------------- main
 def engine_version_of(ruleset: RuleSet, eng: str | None, versions: dict[str, tuple[str, int]],
-                      forced: str | None) -> tuple[str | None, int | None]:
-    """The engine version (given, else the log's version line) and the line it was read from; refuses a
-    version the rules of that engine do not cover."""
+                      forced: str | None) -> tuple[str | None, int | None, str | None, str]:
+    """The engine version (given, else the log's version line), the line it was read from, the version whose rules
+    apply, and a caveat when the version is outside the range the rules cover: such a log is still diagnosed, with the
+    rules of the nearest covered version (and a lower confidence); only a version that does not parse is refused."""
     ver, ver_line = (forced, None)
     if ver is None and eng in versions:
         ver, ver_line = versions[eng]
-    if eng and ver:
-        spec = ruleset.engines[eng]
-        try:
-            ok = version_in(ver, spec.covers)
-        except ValueError:
-            raise BadInput(f"'{ver}' is not a {spec.name} version")
-        if not ok:
-            where = f" (log line {ver_line})" if ver_line else ""
-            raise BadInput(f"{spec.name} {ver}{where} is outside the versions the rules cover ({spec.covers}); "
-                           f"pass --engine-version with a covered version to match it anyway")
-    return ver, ver_line
+    if not (eng and ver):
+        return ver, ver_line, ver, ""
+    spec = ruleset.engines[eng]
+    try:
+        ok = version_in(ver, spec.covers)
+    except ValueError:
+        raise BadInput(f"'{ver}' is not a {spec.name} version")
+    if ok:
+        return ver, ver_line, ver, ""
+    near = nearest_covered(ver, spec.covers)
+    where = f" (log line {ver_line})" if ver_line else ""
+    caveat = (f"{spec.name} {ver}{where} is outside the versions the rules cover ({spec.covers}): diagnosed with the "
+              f"rules of the nearest covered version ({near}); wordings may differ, so the confidence is lowered")
+    return ver, ver_line, near, caveat
 
 
 def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
@@ -123,17 +131,21 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
     matches, counts, versions = match_lines(lines, ruleset.rules, list(ruleset.engines.values()), runtime, hits)
     eng = choose_engine(ruleset, counts, versions, engine) or engine_of_hits(ruleset, hits)
     notes: list[str] = []
-    ver, ver_line = engine_version_of(ruleset, eng, versions, engine_version)
+    ver, ver_line, rver, caveat = engine_version_of(ruleset, eng, versions, engine_version)
     if eng is None:
         notes.append("no engine recognised in the log; rules of every engine were tried")
+    if caveat:
+        notes.append(caveat)
     fam = ruleset.family(eng)
-    keep = [m for m in matches if (fam is None or m.rule.engine in fam) and m.rule.applies_to(ver)]
-    runtime.select(lambda e, versions: (fam is None or e in fam) and (ver is None or version_in(ver, versions)))
+    keep = [m for m in matches if (fam is None or m.rule.engine in fam) and m.rule.applies_to(rver)]
+    runtime.select(lambda e, versions: (fam is None or e in fam) and (rver is None or version_in(rver, versions)))
     if metrics_text is not None:
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
-    root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, ver))
+    root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver))
+    if caveat and v.confidence == "high":
+        v.confidence = "medium"
 
     numbers, numbers_source, by_proc = merge_numbers(keep, root)
     if root is None:
@@ -150,6 +162,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
         runtime=runtime.summary(), notes=notes,
         hits={k: h for k, h in hits.items() if fam is None or h["engine"] in fam},
         phase_basis_kind=v.basis_kind, confidence=v.confidence, settle=v.settle, fetch=v.fetch,
+        version_caveat=caveat,
     )
 
 

@@ -14,7 +14,8 @@ def contract_json(card: dict, card_path: str | None) -> dict:
     out = {
         "classification": {"class": c["class"], "phase": c["phase"], "type": c["type"], "rule": c.get("rule"),
                            "engine": c.get("engine"),
-                           **{k: c[k] for k in ("phase_basis", "confidence", "settled_by", "root_cause_in") if k in c}},
+                           **{k: c[k] for k in ("phase_basis", "confidence", "settled_by", "root_cause_in",
+                                                         "version_caveat") if k in c}},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
         "levers": [{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis", "explicit_override",

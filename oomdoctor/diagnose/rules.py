@@ -30,8 +30,8 @@ RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_pha
              "likely_phase", "frames", "root_in", "confidence"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
-ENGINE_KEYS = {"engine", "name", "covers", "detect", "version_patterns", "phases", "preemption_counters", "embeds",
-               "notes"}
+ENGINE_KEYS = {"engine", "name", "covers", "detect", "detect_lines", "version_patterns", "phases", "preemption_counters",
+               "embeds", "notes"}
 _FUNC_RE = re.compile(r"[A-Za-z_<][\w<>]*")
 
 
@@ -237,6 +237,14 @@ def _likely(d: dict, cbp: dict, where: str) -> str | None:
     return str(lp)
 
 
+def _strings(d: dict, key: str, where: str, what: str, ok: Any = None) -> list[str]:
+    """An engine.yaml field that is a list of non-empty strings (each passing ``ok``, when given)."""
+    xs = d.get(key) or []
+    if not isinstance(xs, list) or not all(isinstance(x, str) and x and (ok is None or ok(x)) for x in xs):
+        raise RuleError(f"{where}: '{key}' must be {what}")
+    return list(xs)
+
+
 def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     where = str(path)
     if not isinstance(d, dict):
@@ -246,9 +254,11 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     if engine != engine_dir:
         raise RuleError(f"{where}: engine '{engine}' does not match its folder")
     _check_spec(d.get("covers"), where)
-    detect = d.get("detect") or []
-    if not isinstance(detect, list) or not all(isinstance(x, str) and x for x in detect):
-        raise RuleError(f"{where}: 'detect' must be a list of literal strings")
+    detect = _strings(d, "detect", where, "a list of literal strings")
+    # line shapes of the engine's own output that no rule reads (llama_print_timings, [TensorRT-LLM][INFO]): detection
+    # strings that are scan anchors too, so that a paste of only such lines is still told apart
+    lines = _strings(d, "detect_lines", where, "a list of ASCII literal strings of 4+ characters",
+                     lambda x: len(x) >= 4 and x.isascii())
     vps = [_compile(p, f"{where} version_patterns[{i}]") for i, p in enumerate(d.get("version_patterns") or [])]
     for i, p in enumerate(vps):
         if "version" not in p.groupindex:
@@ -257,14 +267,10 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
     for ph in phases:
         if ph not in contract.PHASES:
             raise RuleError(f"{where}: phase '{ph}' is not a contract phase")
-    counters = d.get("preemption_counters") or []
-    if not isinstance(counters, list) or not all(isinstance(x, str) and x for x in counters):
-        raise RuleError(f"{where}: 'preemption_counters' must be a list of Prometheus metric names")
-    embeds = d.get("embeds") or []
-    if not isinstance(embeds, list) or not all(isinstance(x, str) and x and x != engine for x in embeds):
-        raise RuleError(f"{where}: 'embeds' must be a list of other engines' names")
-    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect, vps, phases, str(path), list(counters),
-                      embeds=list(embeds))
+    counters = _strings(d, "preemption_counters", where, "a list of Prometheus metric names")
+    embeds = _strings(d, "embeds", where, "a list of other engines' names", lambda x: x != engine)
+    return EngineSpec(engine, d.get("name", engine), d.get("covers"), detect + [x for x in lines if x not in detect], vps,
+                      phases, str(path), list(counters), embeds=list(embeds), detect_lines=list(lines))
 
 
 def _load_yaml(path: Path) -> Any:

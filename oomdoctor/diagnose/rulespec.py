@@ -54,6 +54,27 @@ def version_in(version: str, spec: str | None) -> bool:
     return True
 
 
+def nearest_covered(version: str, spec: str | None) -> str:
+    """The covered version nearest to ``version``, which ``spec`` does not admit: a lower bound (``>=0.8`` → ``0.8``)
+    or just under an upper bound (``<0.34`` → ``0.33.9999``), so that a log of an older or newer release is read with
+    the rules of the closest release they were written for."""
+    out = version
+    for part in str(spec or "").split(","):
+        m = re.match(r"(>=|<=|==|!=|>|<)\s*(.+)", part.strip())
+        if not m or version_in(out, part.strip()):
+            continue
+        op, rhs = m.group(1), parse_version(m.group(2))
+        if op in (">=", "==", "<="):
+            out = ".".join(map(str, rhs))
+        elif op == ">":
+            out = ".".join(map(str, rhs + (1,)))
+        elif op == "<":
+            last = max((i for i, x in enumerate(rhs) if x), default=None)
+            below = rhs[:last] + (rhs[last] - 1,) if last is not None else rhs
+            out = ".".join(map(str, below + (9999,)))
+    return out
+
+
 def _check_spec(spec: Any, where: str) -> None:
     if spec is None:
         return
@@ -161,6 +182,8 @@ class EngineSpec:
     preemption_counters: list[str] = field(default_factory=list)
     # engines whose output this engine's log carries verbatim (Ollama runs llama.cpp): their rules apply too
     embeds: list[str] = field(default_factory=list)
+    # detection strings that are scan anchors too (engine.yaml detect_lines; also in ``detect``)
+    detect_lines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -186,11 +209,12 @@ class RuleSet:
 
 
 def anchors_of(rules: Iterable[Rule], engines: Iterable[EngineSpec] = ()) -> set[bytes]:
-    """What the scanner looks for: every pattern's anchor and the version lines. Engine detection strings are
-    NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
+    """What the scanner looks for: every pattern's anchor, the version lines and the engines' ``detect_lines``. The
+    other detection strings are NOT anchors: detection counts them on the lines that pass anyway (a string on every line of a serving log,
     such as a process prefix, would otherwise send the whole log through Python)."""
     out = {p.anchor.encode() for r in rules for p in r.patterns}
     for e in engines:
+        out.update(x.encode() for x in e.detect_lines)
         for vp in e.version_patterns:
             a = derive_anchor(vp.pattern)
             if a:

@@ -127,6 +127,9 @@ def _header(card: dict, width: int) -> list[str]:
             + f" · {eng.get('name') or 'unknown engine'} {eng.get('version') or ''}").rstrip()
     lines = wrap(head, width, indent="  ", first="", max_lines=CAPS["header"])
     lines += wrap(card.get("summary") or "", width, max_lines=CAPS["summary"])
+    if c.get("version_caveat") and c["version_caveat"] not in (card.get("summary") or ""):
+        # a version outside the rules' range: read with the nearest rules
+        lines += wrap(f"Caveat: {c['version_caveat']}", width, indent="  ", first="", max_lines=2)
     if c.get("root_cause_in"):       # cascade only: which process's output holds the cause
         lines += wrap(f"The root cause is not in this log. Fetch {c['root_cause_in']}", width, indent="  ", first="",
                       max_lines=2)
@@ -171,7 +174,8 @@ def first_screen(card: dict, card_path: str | None, width: int = WIDTH) -> list[
         sections["why"] = _why(levers[0], width)
         sections["change"] = _change(card, levers[0], width)
     else:
-        notes = [n for n in card.get("notes", []) if n and n != card.get("summary")]
+        notes = [n for n in card.get("notes", []) if n and n != card.get("summary")
+                 and n != card["classification"].get("version_caveat")]
         sections["notes"] = [ln for n in notes for ln in wrap(n, width, indent="  ", first="note: ", max_lines=3)]
     return _fit(sections, _footer(card, card_path, width))
 

@@ -30,6 +30,9 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.yaml"
+# measure the oomdoctor of this checkout, not whichever one the environment has installed (an editable install of
+# another worktree would otherwise be imported: the script's own folder, not the repository root, is on sys.path)
+sys.path.insert(0, str(HERE.parents[1]))
 
 
 class Absent(Exception):
