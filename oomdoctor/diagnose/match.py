@@ -143,7 +143,7 @@ class LineMatcher:
     def _is_uniform(self, rule_id: str) -> bool:
         u = self._uniform.get(rule_id)
         if u is None:
-            u = self._uniform[rule_id] = all(digit_uniform(p.regex) for p in self._rules[rule_id].patterns)
+            u = self._uniform[rule_id] = all(digit_uniform(p.source) for p in self._rules[rule_id].patterns)
         return u
 
     def _learn(self, key: bytes, rec: bytes, known: HexPlan | None = None) -> None:

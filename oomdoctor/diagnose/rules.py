@@ -56,11 +56,36 @@ def _compile(regex: Any, where: str) -> re.Pattern[str]:
         raise RuleError(f"{where}: invalid regex ({e})")
     # the bundled rules are checked by the test suite (tests/diagnose/test_rule_regex_bounds.py); rules from
     # anywhere else (OOMDOCTOR_RULES, --rules) are checked here, at load (it costs ~0.4 s for the whole catalogue)
-    why = None if where.startswith(_BUNDLED) else catastrophic(regex)
+    why = None if _bundled(where) else catastrophic(regex)
     if why:
         raise RuleError(f"{where}: the regex can backtrack catastrophically: {why} (write the repeat possessive, "
                         f"e.g. \\d++, or atomic, (?>...), or bound it, e.g. .{{0,512}}?)")
     return rx
+
+
+#: load every rule's regex at load time, bundled or not (the test suite sets it, to check the bundled catalogue)
+EAGER = False
+_GROUP_RE = re.compile(r"\(\?P<([A-Za-z_]\w*)>")
+
+
+def _bundled(where: str) -> bool:
+    return where.startswith(_BUNDLED)
+
+
+def _source(regex: Any, where: str) -> str:
+    """A rule pattern's regex: compiled (and checked) now when the rule comes from outside the package; the bundled
+    catalogue's are compiled when first used (Pattern.regex), after the test suite compiled and checked them all."""
+    if EAGER or not _bundled(where) or not isinstance(regex, str) or not regex:
+        _compile(regex, where)
+    return regex
+
+
+def _group_names(p: Pattern, where: str) -> set[str]:
+    """The named groups of a pattern; of a bundled one not compiled yet, read from its source (the suite loads the
+    catalogue with EAGER set: there they come from the compiled regex)."""
+    if EAGER or not _bundled(where):
+        return set(p.regex.groupindex)
+    return set(_GROUP_RE.findall(p.source))
 
 
 def _class_and_phase(d: dict, role: str, where: str) -> tuple[str | None, dict, str | None]:
@@ -98,8 +123,8 @@ def _patterns(pats: list, where: str) -> list[Pattern]:
             p = {"regex": p}
         if not isinstance(p, dict):
             raise RuleError(f"{pw}: must be a mapping with 'regex'")
-        rx = _compile(p.get("regex"), pw)
-        anchor = p.get("anchor") or derive_anchor(p["regex"])
+        rx = _source(p.get("regex"), pw)
+        anchor = p.get("anchor") or derive_anchor(rx)
         if not anchor or not isinstance(anchor, str):
             raise RuleError(f"{pw}: no literal of 4+ characters in the regex; give an 'anchor' the matched lines contain")
         if not anchor.isascii():
@@ -140,7 +165,7 @@ def frame_patterns(entries: Any, where: str) -> list[dict]:
 
 def _numbers(specs: dict, patterns: list[Pattern], where: str) -> list[NumberSpec]:
     numbers = []
-    groups: set[str] = set().union(*(set(p.regex.groupindex) for p in patterns))
+    groups: set[str] = set().union(*(_group_names(p, where) for p in patterns))
     for name, spec in specs.items():
         nw = f"{where} numbers.{name}"
         if isinstance(spec, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable
 
 from oomdoctor.diagnose.parse import LogLine
@@ -88,8 +89,14 @@ def derive_anchor(pattern: str) -> str | None:
 # ----------------------------------------------------------------------------- data classes
 @dataclass(frozen=True)
 class Pattern:
-    regex: re.Pattern[str]
+    """A rule's regex (its source) and anchor. The regex is compiled when first used: a diagnosis compiles only the
+    patterns whose anchor is in one of its lines (rules from outside the package are compiled, and checked, at load)."""
+    source: str
     anchor: str
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.source)
 
 
 @dataclass(frozen=True)

@@ -336,3 +336,28 @@ def test_engine_yaml_in_the_wrong_folder_is_refused(tmp_path):
     (root / "demo" / "engine.yaml").write_text(ENGINE_YAML.replace("engine: demo", "engine: other"))
     with pytest.raises(RuleError, match="engine.yaml"):
         load_rules(root)
+
+
+def test_bundled_catalogue_loads_the_same_eagerly_and_lazily(monkeypatch):
+    """The bundled patterns are compiled when first used; loading them all eagerly (every regex compiled, every
+    number's group read from the compiled regex, as for rules from outside the package) gives the same catalogue,
+    and the group names read from the sources are the compiled ones."""
+    from oomdoctor.diagnose import rules as rules_mod
+
+    lazy = load_rules(RULES)
+    assert not any("regex" in p.__dict__ for r in lazy.rules for p in r.patterns)     # nothing compiled yet
+    monkeypatch.setattr(rules_mod, "EAGER", True)
+    eager = load_rules(RULES)
+    assert lazy.rules == eager.rules
+    for r in lazy.rules:
+        for p in r.patterns:
+            assert rules_mod._group_names(p, r.path) == set(p.regex.groupindex), (r.id, p.source)
+
+
+def test_rules_from_outside_the_package_are_compiled_at_load(tmp_path):
+    root = _write_rules(tmp_path, "broken", GOOD_RULE.replace("demo.ok", "demo.broken").replace(
+        "KV cache too small: ", "KV cache too small: (unclosed"))
+    with pytest.raises(RuleError, match="invalid regex"):
+        load_rules(root)
+    rs = load_rules(_write_rules(tmp_path / "ok", None, None))
+    assert all("regex" in p.__dict__ for r in rs.rules for p in r.patterns)
