@@ -161,7 +161,11 @@ class HexPlan:
     ok: bool = False                            # False: no plan can be made (every line takes the full matcher)
 
     def fits(self, key: bytes) -> bool:
-        return all(key.startswith(piece, at) for at, piece in self.gaps)
+        """``key`` (of the same masked form) has these gaps. The first starts the key, the last ends it."""
+        gaps = self.gaps
+        if not (key.startswith(gaps[0][1]) and key.endswith(gaps[-1][1])):
+            return False
+        return len(gaps) == 2 or all(key.startswith(piece, at) for at, piece in gaps[1:-1])
 
 
 def gaps_of(key: bytes, runs: list[tuple[int, int]]) -> list[tuple[int, bytes]]:

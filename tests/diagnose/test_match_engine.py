@@ -288,3 +288,28 @@ def test_diagnose_with_request_ids_same_with_and_without_the_cache(tmp_path, mon
     slow = diagnose_file(log, RULES, scanner="auto")
     assert facts(g) == facts(p) == facts(slow)
     assert g.runtime["stats_lines"] > 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(ints=st.integers(min_value=1, max_value=4), decimals=st.integers(min_value=0, max_value=14),
+       values=st.lists(st.floats(min_value=0, max_value=9999, allow_nan=False), min_size=1, max_size=30))
+def test_pressure_threshold_compared_as_bytes_is_the_float_comparison(ints, decimals, values):
+    """The bulk fold compares a shape's KV numbers as bytes against 95 written the same way: the same answer as
+    float() of each, or no bytes threshold at all (then it converts)."""
+    from types import SimpleNamespace
+
+    from oomdoctor.diagnose.shapes import NumberSlot
+    from oomdoctor.diagnose.signals import KV_PRESSURE_PERCENT, _Lazy
+
+    width = ints + (decimals + 1 if decimals else 0)
+    raws = [(f"{v:.{decimals}f}" if decimals else f"{v:.0f}").zfill(width).encode() for v in values]
+    raws = [r for r in raws if len(r) == width]
+    if not raws:
+        return
+    slot = SimpleNamespace(numbers=[NumberSlot("kv_usage_percent", 0, width, "percent", True)])
+    lazy = _Lazy(slot, raws, 0, "kv_usage_percent")
+    at = lazy.as_bytes(KV_PRESSURE_PERCENT)
+    if at is not None:
+        assert [r >= at for r in raws] == [float(r) >= KV_PRESSURE_PERCENT for r in raws]
+    else:
+        assert ints < 2 or decimals > 12
