@@ -292,53 +292,68 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
                       embeds=list(embeds))
 
 
-def _load_yaml(path: Path) -> Any:
+def _read(path: Path) -> bytes:
     from oomdoctor.diagnose.read import read_capped
     from oomdoctor.errors import BadInput
 
     try:
-        text = read_capped(path, safeyaml.MAX_BYTES, "rule file").decode("utf-8")
+        return read_capped(path, safeyaml.MAX_BYTES, "rule file")
     except BadInput as e:
         raise RuleError(str(e))
+
+
+def _parse(path: Path, data: bytes) -> Any:
+    try:
+        return safeyaml.load(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise RuleError(f"{path}: cannot be read ({e})")
-    try:
-        return safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise RuleError(f"{path}: malformed YAML{where} ({getattr(e, 'problem', None) or e})")
 
 
-def load_rules(root: Path) -> RuleSet:
-    root = Path(root)
-    if not root.is_dir():
-        raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
-    engines: dict[str, EngineSpec] = {}
-    rules: list[Rule] = []
-    seen: dict[str, str] = {}
+def _layout(root: Path) -> list[tuple[str, Path, list[Path]]]:
+    """(engine, its engine.yaml, its other rule files) for every engine folder of a rules root."""
+    out = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         # the package keeps an engine's rules in engines/<engine>/rules/; a plain rules root has <engine>/ itself
         edir = folder / "rules" if (folder / "rules").is_dir() else folder
         espec = edir / "engine.yaml"
         if not espec.exists():
             raise RuleError(f"{edir}: missing engine.yaml (engine name, versions covered, detection strings)")
-        engines[folder.name] = build_engine(_load_yaml(espec), espec, folder.name)
-        for f in sorted(edir.rglob("*.yaml")):
-            if f.name == "engine.yaml":
-                continue
-            data = _load_yaml(f)
+        out.append((folder.name, espec, [f for f in sorted(edir.rglob("*.yaml")) if f.name != "engine.yaml"]))
+    return out
+
+
+def load_rules(root: Path) -> RuleSet:
+    from oomdoctor.diagnose.rulecache import RuleDocs
+
+    root = Path(root)
+    if not root.is_dir():
+        raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
+    layout = _layout(root)
+    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)], _read, _parse,
+                    cache=root.resolve() == ENGINES_DIR.resolve())     # the bundled catalogue only
+    engines: dict[str, EngineSpec] = {}
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for name, espec, files in layout:
+        engines[name] = build_engine(docs.load(espec), espec, name)
+        for f in files:
+            data = docs.load(f)
             items = data.get("rules") if isinstance(data, dict) and "rules" in data and "id" not in data else [data]
             if not isinstance(items, list):
                 raise RuleError(f"{f}: 'rules' must be a list")
             for item in items:
-                r = build_rule(item, f, folder.name)
+                r = build_rule(item, f, name)
                 if r.id in seen:
                     raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
                 seen[r.id] = str(f)
                 rules.append(r)
     if not engines:
         raise RuleError(f"{root}: no engine folders with rules")
+    docs.save()
     return RuleSet(engines, rules)
 
 
