@@ -30,12 +30,18 @@ def cache_dir() -> Path | None:
     env = os.environ.get("OOMDOCTOR_CACHE_DIR")
     if env is not None:
         return Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):                  # unset, or relative (the XDG spec: ignore it)
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):         # no home directory: no cache
+            return None
     return Path(base) / "oomdoctor"
 
 
 def _private(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    euid = getattr(os, "geteuid", None)          # no owner to compare with (not POSIX): never trusted
+    return euid is not None and st.st_uid == euid() and not st.st_mode & 0o022
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -105,3 +105,18 @@ def test_data_json_cannot_carry_is_not_cached(tmp_path, monkeypatch):
         d.load(f)
         d.save()
         assert not list((tmp_path / "cache").glob("rules-*.json")), doc
+
+
+def test_no_home_directory_means_no_cache(tmp_path, monkeypatch):
+    from oomdoctor.diagnose.rulecache import cache_dir
+
+    monkeypatch.delenv("OOMDOCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")          # ignored, as the XDG spec says
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / ".cache" / "oomdoctor"
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cache_dir() is None
+    assert len(rules_mod.load_rules(ENGINES_DIR).rules) > 100
