@@ -15,12 +15,14 @@ from typing import Any, Iterable
 from oomdoctor.diagnose import parse
 from oomdoctor.diagnose.parse import LogLine, parse_line
 from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
-from oomdoctor.diagnose.rulespec import MATCH_CHARS
-from oomdoctor.diagnose.shapes import MASK, SLOW, Plan, SignalSlot, digit_uniform, mask, number_slots, ts_span
+from oomdoctor.diagnose.rulespec import MATCH_CHARS, derive_anchor
+from oomdoctor.diagnose.shapes import (COARSE, HEX_RUN, MASK, SLOW, HexPlan, Plan, SignalSlot, digit_uniform,
+                                       fixed_in_key, gaps_of, mask, number_slots, ts_span)
 from oomdoctor.diagnose.signals import TRACKED_NUMBERS, RuntimeTracker, Sample, fold_many, samples_numbers
 from oomdoctor.errors import BadInput
 
 MAX_STORED_MATCHES = 200_000
+MAX_PLANS = 1 << 16              # shapes remembered; a later new shape takes the full matcher (bounded memory)
 PAIRS_BATCH = 4096
 
 
@@ -50,14 +52,21 @@ class LineMatcher:
                 by_anchor.setdefault(p.anchor, []).append(r)
         self._anchor_items = list(by_anchor.items())
         self._plans: dict[bytes, Plan] = {}
+        self._dirty: list[Plan] = []                # the plans with pending lines
+        self._hex: dict[bytes, list[HexPlan]] = {}   # a shape with its run characters masked → the plans of its runs
+        self._n_hex = 0
         self._order: dict[int, tuple[RuntimeTracker, list[bytes]]] = {}
         self._uniform: dict[str, bool] = {}         # rule id → all its patterns digit-uniform (asked lazily)
         self._rules = {r.id: r for r in rules}
         self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE)) and \
             all(digit_uniform(vp) for e in engines for vp in e.version_patterns)
-        with_digits = [a for a in by_anchor if re.search(r"\d", a)] + \
-                      [s for e in engines for s in e.detect if re.search(r"\d", s)]
+        # a literal holding '#' is as digit-sensitive as one holding a digit: '#' in a shape may stand for either
+        with_digits = [a for a in by_anchor if re.search(r"[\d#]", a)] + \
+                      [s for e in engines for s in e.detect if re.search(r"[\d#]", s)]
         self._digit_masks = [mask(s.encode()) for s in with_digits]
+        self._literals = sorted({a.encode() for a in by_anchor} | {s.encode() for e in engines for s in e.detect})
+        vp_anchors = {e.engine: [derive_anchor(vp.pattern) for vp in e.version_patterns] for e in engines}
+        self._vp_anchors = {e: [a.encode() if a else None for a in anchors] for e, anchors in vp_anchors.items()}
 
     # -- the full matcher ----------------------------------------------------------------
     def _match(self, n: int, raw: bytes | str) -> tuple[LogLine, list[tuple[Rule, re.Match]], list[str], set[str]]:
@@ -95,7 +104,7 @@ class LineMatcher:
             h = self.hits.get(r.id)
             if h is None:
                 self.hits[r.id] = {"line": line.n, "count": 1, "numbers": mt.numbers, "engine": r.engine}
-            else:
+            elif r.role != "serving":          # serving evidence is its first line: the count of one stays 1
                 h["count"] += 1
             if r.role in ("signal", "serving"):   # folded as they stream by: bounded memory
                 self.runtime.add(mt)
@@ -134,15 +143,46 @@ class LineMatcher:
     def _is_uniform(self, rule_id: str) -> bool:
         u = self._uniform.get(rule_id)
         if u is None:
-            u = self._uniform[rule_id] = all(digit_uniform(p.regex) for p in self._rules[rule_id].patterns)
+            u = self._uniform[rule_id] = all(digit_uniform(p.source) for p in self._rules[rule_id].patterns)
         return u
 
-    def _learn(self, key: bytes, rec: bytes) -> None:
+    def _learn(self, key: bytes, rec: bytes, known: HexPlan | None = None) -> None:
         k = key.find(b":") + 1
         n, raw = int(rec[:k - 1]), rec[k:]
         line, found, detected, tried = self._match(n, raw)
         self._record(line, found)
-        self._plans[key] = self._plan(key, k, raw, line, found, detected, tried)
+        if known is None and self._hex_learn(key, raw, line, detected, tried):
+            return
+        if len(self._plans) < MAX_PLANS:
+            self._plans[key] = self._plan(key, k, raw, line, found, detected, tried)
+
+    def _hex_learn(self, key: bytes, raw: bytes, line: LogLine, detected: list[str], tried: set[str]) -> bool:
+        """After the full matcher's run on a line: a HexPlan for its hex key when one can be made (shapes.py)."""
+        if not self._cache or not tried <= self._serving_seen() or not raw.isascii() or b"\x1b" in raw:
+            return False
+        runs = [m.span() for m in HEX_RUN.finditer(key)]
+        if not runs or self._n_hex >= MAX_PLANS:
+            return False
+        plan = HexPlan(gaps_of(key, runs))
+        self._hex.setdefault(key.translate(COARSE), []).append(plan)
+        self._n_hex += 1
+        vp_anchors = [a or b"" for e, anchors in self._vp_anchors.items() if e not in self.versions for a in anchors]
+        if b"" in vp_anchors or any(a.decode() in line.text for a in vp_anchors):
+            return False                      # a version pattern without an anchor, or one that may match
+        if not all(fixed_in_key(lit, key, runs) for lit in self._literals + vp_anchors):
+            return False
+        plan.detect, plan.ok = tuple(detected), True
+        return True
+
+    def _serving_seen(self) -> set[str]:
+        return {rid for rid in self.hits if self._rules[rid].role == "serving"}
+
+    def _hex_plan(self, key: bytes) -> HexPlan | None:
+        """The HexPlan of a digit-masked record's runs, if one was made (``ok`` or not)."""
+        for plan in self._hex.get(key.translate(COARSE), ()):
+            if plan.fits(key):
+                return plan
+        return None
 
     def _slow(self, key: bytes, rec: bytes) -> None:
         k = key.find(b":") + 1
@@ -184,16 +224,23 @@ class LineMatcher:
 
     def add_records(self, keys: list[bytes], recs: list[bytes]) -> None:
         """Records ``N:line`` (grep -n's form; no newline, no carriage return, not cut) with their masks."""
-        get = self._plans.get
+        get, dirty = self._plans.get, self._dirty
         for key, rec in zip(keys, recs):
             plan = get(key)
             if plan is None or plan.pending is None:
+                hp = self._hex_plan(key) if plan is None and self._hex else None
+                if hp is not None and hp.ok:          # e.g. a request line of a serving rule already seen
+                    for e in hp.detect:
+                        self.counts[e] += 1
+                    continue
                 self._flush_samples()                 # the full matcher samples in place: the waiting ones first
                 if plan is None:
-                    self._learn(key, rec)
+                    self._learn(key, rec, hp)
                 else:
                     self._slow(key, rec)
                 continue
+            if not plan.pending:
+                dirty.append(plan)
             plan.pending.append(rec)
             if plan.order is not None:
                 plan.order.append(rec)
@@ -205,16 +252,18 @@ class LineMatcher:
 
     def flush(self) -> None:
         self._flush_samples()
-        for plan in self._plans.values():
+        for plan in self._dirty:
             pending = plan.pending
             if not pending:
                 continue
             for e in plan.detect:
                 self.counts[e] += len(pending)
             for slot in plan.signals:
-                self.hits[slot.rule.id]["count"] += len(pending)
+                if slot.rule.role != "serving":
+                    self.hits[slot.rule.id]["count"] += len(pending)
                 fold_many(slot, pending, plan.offset, lambda rec, s=slot, k=plan.offset: self._materialize(s, rec, k))
             pending.clear()
+        self._dirty.clear()
 
     def add_pairs(self, lines: Iterable[tuple[int, bytes | str]]) -> None:
         """(line number, line) pairs, e.g. from the pure-Python scanner; bytes lines take the shape cache."""

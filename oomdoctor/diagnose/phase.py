@@ -138,7 +138,7 @@ def frame_names(rule) -> list[str]:
     """The function names a frame rule stands for (read back from its patterns), for the settle hint."""
     out: list[str] = []
     for p in rule.patterns:
-        m = _FN_RE.search(p.regex.pattern)
+        m = _FN_RE.search(p.source)
         if m:
             out.extend(n for n in (m.group(1) or m.group(2)).split("|") if n not in out)
     return out

@@ -56,11 +56,36 @@ def _compile(regex: Any, where: str) -> re.Pattern[str]:
         raise RuleError(f"{where}: invalid regex ({e})")
     # the bundled rules are checked by the test suite (tests/diagnose/test_rule_regex_bounds.py); rules from
     # anywhere else (OOMDOCTOR_RULES, --rules) are checked here, at load (it costs ~0.4 s for the whole catalogue)
-    why = None if where.startswith(_BUNDLED) else catastrophic(regex)
+    why = None if _bundled(where) else catastrophic(regex)
     if why:
         raise RuleError(f"{where}: the regex can backtrack catastrophically: {why} (write the repeat possessive, "
                         f"e.g. \\d++, or atomic, (?>...), or bound it, e.g. .{{0,512}}?)")
     return rx
+
+
+#: load every rule's regex at load time, bundled or not (the test suite sets it, to check the bundled catalogue)
+EAGER = False
+_GROUP_RE = re.compile(r"\(\?P<([A-Za-z_]\w*)>")
+
+
+def _bundled(where: str) -> bool:
+    return where.startswith(_BUNDLED)
+
+
+def _source(regex: Any, where: str) -> str:
+    """A rule pattern's regex: compiled (and checked) now when the rule comes from outside the package; the bundled
+    catalogue's are compiled when first used (Pattern.regex), after the test suite compiled and checked them all."""
+    if EAGER or not _bundled(where) or not isinstance(regex, str) or not regex:
+        _compile(regex, where)
+    return regex
+
+
+def _group_names(p: Pattern, where: str) -> set[str]:
+    """The named groups of a pattern; of a bundled one not compiled yet, read from its source (the suite loads the
+    catalogue with EAGER set: there they come from the compiled regex)."""
+    if EAGER or not _bundled(where):
+        return set(p.regex.groupindex)
+    return set(_GROUP_RE.findall(p.source))
 
 
 def _class_and_phase(d: dict, role: str, where: str) -> tuple[str | None, dict, str | None]:
@@ -98,8 +123,8 @@ def _patterns(pats: list, where: str) -> list[Pattern]:
             p = {"regex": p}
         if not isinstance(p, dict):
             raise RuleError(f"{pw}: must be a mapping with 'regex'")
-        rx = _compile(p.get("regex"), pw)
-        anchor = p.get("anchor") or derive_anchor(p["regex"])
+        rx = _source(p.get("regex"), pw)
+        anchor = p.get("anchor") or derive_anchor(rx)
         if not anchor or not isinstance(anchor, str):
             raise RuleError(f"{pw}: no literal of 4+ characters in the regex; give an 'anchor' the matched lines contain")
         if not anchor.isascii():
@@ -140,7 +165,7 @@ def frame_patterns(entries: Any, where: str) -> list[dict]:
 
 def _numbers(specs: dict, patterns: list[Pattern], where: str) -> list[NumberSpec]:
     numbers = []
-    groups: set[str] = set().union(*(set(p.regex.groupindex) for p in patterns))
+    groups: set[str] = set().union(*(_group_names(p, where) for p in patterns))
     for name, spec in specs.items():
         nw = f"{where} numbers.{name}"
         if isinstance(spec, str):
@@ -273,53 +298,68 @@ def build_engine(d: Any, path: Path, engine_dir: str) -> EngineSpec:
                       phases, str(path), list(counters), embeds=list(embeds), detect_lines=list(lines))
 
 
-def _load_yaml(path: Path) -> Any:
+def _read(path: Path) -> bytes:
     from oomdoctor.diagnose.read import read_capped
     from oomdoctor.errors import BadInput
 
     try:
-        text = read_capped(path, safeyaml.MAX_BYTES, "rule file").decode("utf-8")
+        return read_capped(path, safeyaml.MAX_BYTES, "rule file")
     except BadInput as e:
         raise RuleError(str(e))
+
+
+def _parse(path: Path, data: bytes) -> Any:
+    try:
+        return safeyaml.load(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise RuleError(f"{path}: cannot be read ({e})")
-    try:
-        return safeyaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise RuleError(f"{path}: malformed YAML{where} ({getattr(e, 'problem', None) or e})")
 
 
-def load_rules(root: Path) -> RuleSet:
-    root = Path(root)
-    if not root.is_dir():
-        raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
-    engines: dict[str, EngineSpec] = {}
-    rules: list[Rule] = []
-    seen: dict[str, str] = {}
+def _layout(root: Path) -> list[tuple[str, Path, list[Path]]]:
+    """(engine, its engine.yaml, its other rule files) for every engine folder of a rules root."""
+    out = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         # the package keeps an engine's rules in engines/<engine>/rules/; a plain rules root has <engine>/ itself
         edir = folder / "rules" if (folder / "rules").is_dir() else folder
         espec = edir / "engine.yaml"
         if not espec.exists():
             raise RuleError(f"{edir}: missing engine.yaml (engine name, versions covered, detection strings)")
-        engines[folder.name] = build_engine(_load_yaml(espec), espec, folder.name)
-        for f in sorted(edir.rglob("*.yaml")):
-            if f.name == "engine.yaml":
-                continue
-            data = _load_yaml(f)
+        out.append((folder.name, espec, [f for f in sorted(edir.rglob("*.yaml")) if f.name != "engine.yaml"]))
+    return out
+
+
+def load_rules(root: Path) -> RuleSet:
+    from oomdoctor.diagnose.rulecache import RuleDocs
+
+    root = Path(root)
+    if not root.is_dir():
+        raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
+    layout = _layout(root)
+    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)], _read, _parse,
+                    cache=root.resolve() == ENGINES_DIR.resolve())     # the bundled catalogue only
+    engines: dict[str, EngineSpec] = {}
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for name, espec, files in layout:
+        engines[name] = build_engine(docs.load(espec), espec, name)
+        for f in files:
+            data = docs.load(f)
             items = data.get("rules") if isinstance(data, dict) and "rules" in data and "id" not in data else [data]
             if not isinstance(items, list):
                 raise RuleError(f"{f}: 'rules' must be a list")
             for item in items:
-                r = build_rule(item, f, folder.name)
+                r = build_rule(item, f, name)
                 if r.id in seen:
                     raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
                 seen[r.id] = str(f)
                 rules.append(r)
     if not engines:
         raise RuleError(f"{root}: no engine folders with rules")
+    docs.save()
     return RuleSet(engines, rules)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable
 
 from oomdoctor.diagnose.parse import LogLine
@@ -86,17 +87,21 @@ def _check_spec(spec: Any, where: str) -> None:
 
 # ----------------------------------------------------------------------------- anchors
 def derive_anchor(pattern: str) -> str | None:
-    """The longest literal run (≥ 4 chars) that every match of ``pattern`` contains."""
-    try:
-        parsed = sre_parse.parse(pattern)
-    except re.error:
-        return None
-    if parsed.state.flags & re.IGNORECASE:
-        return None
+    """The longest literal run (≥ 4 chars) that every match of ``pattern`` contains: the longest run of literal
+    characters in its top-level sequence (a quantified character, a class, a group, an alternation break it)."""
+    items = _top_items(pattern)
+    if items is None:                      # a form the quick reader leaves to the regex parser
+        try:
+            parsed = sre_parse.parse(pattern)
+        except re.error:
+            return None
+        if parsed.state.flags & re.IGNORECASE:
+            return None
+        items = [chr(av) if op is sre_parse.LITERAL else None for op, av in parsed]
     best, cur = "", []
-    for op, av in parsed:
-        if op is sre_parse.LITERAL:
-            cur.append(chr(av))
+    for item in items:
+        if item is not None:
+            cur.append(item)
             continue
         if len(cur) > len(best):
             best = "".join(cur)
@@ -106,11 +111,114 @@ def derive_anchor(pattern: str) -> str | None:
     return best if len(best) >= 4 else None
 
 
+_CONTROL_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+_FLAGS_RE = re.compile(r"\(\?[aiLmsux-]")
+
+
+def _skip_class(p: str, i: int) -> int:
+    """The index after the character class that starts at ``p[i]`` ('['), or -1."""
+    i += 1
+    if p.startswith("^", i):
+        i += 1
+    if p.startswith("]", i):
+        i += 1
+    while i < len(p):
+        if p[i] == "\\":
+            i += 2
+        elif p[i] == "[":                  # a nested set (a FutureWarning form): the parser decides
+            return -1
+        elif p[i] == "]":
+            return i + 1
+        else:
+            i += 1
+    return -1
+
+
+def _skip_group(p: str, i: int) -> int:
+    """The index after the group that starts at ``p[i]`` ('('), or -1."""
+    depth = 0
+    while i < len(p):
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _skip_class(p, i)
+            if i < 0:
+                return -1
+            continue
+        depth += (c == "(") - (c == ")")
+        i += 1
+        if depth == 0:
+            return i
+    return -1
+
+
+def _top_items(p: str) -> list[str | None] | None:
+    """What ``sre_parse.parse(p)`` gives at the top level, as a literal character or None (anything else), for the
+    plain patterns rules are written in; None for every other form (inline flags, '{', alternation, unknown escapes,
+    unbalanced brackets): the parser reads those. tests/diagnose/test_rules_catalogue.py holds it to the parser."""
+    if _FLAGS_RE.search(p):
+        return None
+    items: list[str | None] = []
+    i = 0
+    while i < len(p):
+        c = p[i]
+        if c in "([":
+            j = _skip_group(p, i) if c == "(" else _skip_class(p, i)
+            inner = p[i + 1:j - 1]
+            if j < 0 or (c == "[" and len(inner.lstrip("\\")) <= 1):     # '[.]': the parser makes it a literal
+                return None
+            if p.startswith("(?:", i) and not p.startswith(("*", "+", "?", "{"), j):
+                sub = _top_items(inner[2:]) if "|" not in inner else None  # the parser unwraps a plain group
+                if sub is None:
+                    return None
+                items.extend(sub)
+                i = j
+                continue
+            if c == "(" and p.startswith("(?", i) and not p.startswith(("(?:", "(?P<", "(?=", "(?!", "(?<=", "(?<!",
+                                                                        "(?>"), i):
+                return None                 # a comment, a conditional, a back-reference: the parser decides
+            items.append(None)
+            i = j
+        elif c == "\\":
+            e = p[i + 1:i + 2]
+            if e in _CONTROL_ESCAPES:
+                items.append(_CONTROL_ESCAPES[e])
+            elif e and e in "dDsSwWbBAZ":
+                items.append(None)
+            elif not e or (e.isascii() and e.isalnum()):
+                return None
+            else:
+                items.append(e)
+            i += 2
+        elif c in ".^$":
+            items.append(None)
+            i += 1
+        elif c in "|){*+?":
+            return None
+        else:
+            items.append(c)
+            i += 1
+        if i < len(p) and p[i] in "*+?{":   # a quantifier: the item is not a literal of every match
+            if p[i] == "{":
+                return None
+            items[-1] = None
+            i += 2 if p[i + 1:i + 2] in ("?", "+") else 1
+    return items
+
+
 # ----------------------------------------------------------------------------- data classes
 @dataclass(frozen=True)
 class Pattern:
-    regex: re.Pattern[str]
+    """A rule's regex (its source) and anchor. The regex is compiled when first used: a diagnosis compiles only the
+    patterns whose anchor is in one of its lines (rules from outside the package are compiled, and checked, at load)."""
+    source: str
     anchor: str
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.source)
 
 
 @dataclass(frozen=True)

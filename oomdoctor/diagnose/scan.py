@@ -39,6 +39,20 @@ def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:
     return re.compile(b"|".join(re.escape(a) for a in alts)) if alts else re.compile(b"(?!)")
 
 
+class LazyAnchors:
+    """The anchors' alternation for the grep path, compiled when first searched: only a record that grep matched
+    beyond the read limit (a cut line) is searched again, and compiling ~300 anchors costs more than a small log."""
+
+    def __init__(self, anchors: Iterable[bytes]) -> None:
+        self._anchors = list(anchors)
+        self._rx: re.Pattern[bytes] | None = None
+
+    def search(self, data: bytes) -> re.Match[bytes] | None:
+        if self._rx is None:
+            self._rx = _anchor_regex(self._anchors)
+        return self._rx.search(data)
+
+
 def scan_python(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo) -> Iterator[tuple[int, bytes]]:
     rx = _anchor_regex(anchors)
     lines = zstd_lines(Path(path), info) if is_zstd(Path(path)) else iter_lines(path, info)
@@ -81,7 +95,7 @@ def _start_grep(path: Path, anchors: list[bytes], gz: Callable | bool, grep: str
     return proc, worker, pattern_file
 
 
-def _record(rec: bytes, whole: bool, rx: re.Pattern[bytes]) -> tuple[int, bytes] | None:
+def _record(rec: bytes, whole: bool, rx: re.Pattern[bytes] | LazyAnchors) -> tuple[int, bytes] | None:
     """One grep ``N:line`` record (without its newline; ``whole``: not cut by the read limit) as (N, line cut to
     MAX_LINE_BYTES), or None when it is no candidate after the cut."""
     colon = rec.find(b":")
@@ -94,7 +108,7 @@ def _record(rec: bytes, whole: bool, rx: re.Pattern[bytes]) -> tuple[int, bytes]
     return int(rec[:colon]), text
 
 
-def _grep_records(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[tuple[int, bytes]]:
+def _grep_records(out: IO[bytes], rx: re.Pattern[bytes] | LazyAnchors) -> Iterator[tuple[int, bytes]]:
     """grep's ``N:line`` records as (N, line cut to MAX_LINE_BYTES)."""
     limit = MAX_LINE_BYTES + 32              # "<line number>:" + the line's first MAX_LINE_BYTES + "\n"
     while True:
@@ -125,7 +139,7 @@ def _clean(block: bytes) -> bool:
     return all(block.find(b"\n", p, p + _HALF) >= 0 for p in range(0, len(block) - _HALF + 1, _HALF))
 
 
-def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tuple[int, bytes]]:
+def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes] | LazyAnchors) -> Iterator[bytes | tuple[int, bytes]]:
     """grep's output in blocks: a ``bytes`` item is whole ``N:line`` records joined by newlines (the matcher's
     fast input, see match.LineMatcher.add_block); records that need cutting or stripping come as (N, line)
     pairs, exactly as ``_grep_records`` gives them."""
@@ -171,7 +185,7 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes]) -> Iterator[bytes | tupl
         yield from _grep_records(io.BytesIO(partial), rx)
 
 
-def _split_dirty(block: bytes, rx: re.Pattern[bytes]) -> Iterator[bytes | tuple[int, bytes]]:
+def _split_dirty(block: bytes, rx: re.Pattern[bytes] | LazyAnchors) -> Iterator[bytes | tuple[int, bytes]]:
     """A block as is when it is clean; else its clean runs of records as blocks and the others (a carriage
     return, a line to cut) as (N, line) pairs."""
     if _clean(block):
@@ -235,7 +249,7 @@ def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceI
     gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
     info.compressed = bool(gz)
     anchors = sorted({a for a in anchors if a})
-    rx = _anchor_regex(anchors)
+    rx = LazyAnchors(anchors)
     side: dict = {}
     proc, worker, pattern_file = _start_grep(path, anchors, gz, grep, side)
     worker.start()

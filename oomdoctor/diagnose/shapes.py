@@ -140,6 +140,82 @@ class Plan:
 SLOW = Plan()
 
 
+# ----------------------------------------------------------------------------- request ids
+# A serving log prints a unique request id (32 hex digits, a UUID) on each request line: every such line would be a
+# shape of its own. A *run* is a stretch of 16 or more of "#abcdef-" in a shape (hex digits and dashes, after the
+# digit mask). Lines whose shapes have runs of the same lengths at the same places and the same bytes between them
+# (their *gaps*) share a HexPlan (found by the line with every run character masked, then the gaps compared). A line
+# takes it only when nothing it can change does so (LineMatcher._hex_learn): every rule tried on it is a serving rule
+# already seen (only a serving rule's first line counts), and every literal the full matcher looks for (anchors,
+# detection strings, the version patterns' anchors) is in all those lines or in none (:func:`fixed_in_key`). The
+# runs of two such lines are maximal in both (the same gap bytes border them), so they are the same runs.
+HEX_RUN = re.compile(rb"[#a-f-]{16,}")
+COARSE = bytes.maketrans(b"0123456789abcdef-", b"#" * 17)
+_RUN_CHARS = frozenset(b"#abcdef-")
+
+
+@dataclass
+class HexPlan:
+    gaps: list[tuple[int, bytes]]               # (offset, bytes) of the shape between its runs
+    detect: tuple[str, ...] = ()                # the engines whose detection strings are in every line of it
+    ok: bool = False                            # False: no plan can be made (every line takes the full matcher)
+
+    def fits(self, key: bytes) -> bool:
+        """``key`` (of the same masked form) has these gaps. The first starts the key, the last ends it."""
+        gaps = self.gaps
+        if not (key.startswith(gaps[0][1]) and key.endswith(gaps[-1][1])):
+            return False
+        return len(gaps) == 2 or all(key.startswith(piece, at) for at, piece in gaps[1:-1])
+
+
+def gaps_of(key: bytes, runs: list[tuple[int, int]]) -> list[tuple[int, bytes]]:
+    ends = [0] + [e for _, e in runs]
+    starts = [s for s, _ in runs] + [len(key)]
+    return [(a, key[a:b]) for a, b in zip(ends, starts)]
+
+
+def _segments(m: bytes) -> list[tuple[int, int]]:
+    """The maximal stretches of run characters in ``m``."""
+    out, start = [], None
+    for i, c in enumerate(m):
+        if c in _RUN_CHARS:
+            start = i if start is None else start
+        elif start is not None:
+            out.append((start, i))
+            start = None
+    if start is not None:
+        out.append((start, len(m)))
+    return out
+
+
+def _fits(piece: bytes, key: bytes, lo: int, runs: list[tuple[int, int]]) -> bool:
+    """Could ``piece`` (masked) stand at ``key[lo:]`` in some line of the key? A window that reaches into a run: yes."""
+    hi = lo + len(piece)
+    if lo < 0 or hi > len(key):
+        return False
+    if any(s < hi and lo < e for s, e in runs):
+        return True
+    return key[lo:hi] == piece
+
+
+def fixed_in_key(literal: bytes, key: bytes, runs: list[tuple[int, int]]) -> bool:
+    """True when ``literal`` is in every line of the hex key of ``key`` (a digit-masked line with ``runs``) exactly
+    when it is in the line of ``key`` itself. Outside the runs the lines differ only in their digits, so a literal
+    without a digit or '#' that cannot overlap a run is in all of them or in none; one holding a digit or '#' must
+    not occur outside the runs at all. A literal overlaps a run when a stretch of its run characters can lie in the
+    run with the rest of it, if any, next to the run: a stretch not at the literal's start must start the run (the
+    character before a run is none of "#abcdef"), one not at its end must end the run."""
+    m = mask(literal)
+    if b"#" in m and m in key:
+        return False
+    for a, b in _segments(m):
+        left = a == 0 or any(_fits(m[:a], key, s - a, runs) for s, _ in runs)
+        right = b == len(m) or any(_fits(m[b:], key, e, runs) for _, e in runs)
+        if left and right:
+            return False
+    return True
+
+
 def ts_span(text: str) -> tuple[int, int] | None:
     """Where parse.parse_line takes a line's time stamp from (its own order of the two header regexes)."""
     from oomdoctor.diagnose.parse import SGLANG_RE, VLLM_RE

@@ -258,6 +258,18 @@ class _Lazy:
     def values(self) -> list:
         return list(map(self.conv, self.raw))
 
+    def as_bytes(self, value: float) -> bytes | None:
+        """``value`` written as the shape writes its numbers (same digits before and after the '.'), when it is
+        exactly that: then ``raw >= as_bytes(value)`` is ``conv(raw) >= value`` (one width, plain digits; at most
+        12 decimals, far from float rounding); else None."""
+        if not self.raw:
+            return None
+        head, dot, tail = self.raw[0].partition(b".")
+        if len(tail) > 12 or (self.conv is int and dot):
+            return None
+        text = (f"{value:.{len(tail)}f}" if dot else f"{value:.0f}").zfill(len(self.raw[0])).encode()
+        return text if len(text) == len(self.raw[0]) and float(text) == value else None
+
 
 TRACKED_NUMBERS = ("preemptions_cumulative", "preemptions", "kv_usage_percent", "running_reqs", "waiting_reqs")
 
@@ -280,7 +292,12 @@ def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes],
         b.max_waiting = max(b.max_waiting or 0, w_max)
     if kv_max is None or kv_max < KV_PRESSURE_PERCENT or w_max is None or w_max <= 0:
         return
-    hot = [i for i, (k, q) in enumerate(zip(kv.values(), waiting.values())) if k >= KV_PRESSURE_PERCENT and q > 0]
+    at = kv.as_bytes(KV_PRESSURE_PERCENT)
+    if at is not None and waiting.conv is int:          # compare the bytes: no conversion per line
+        zero = b"0" * len(waiting.raw[0])
+        hot = [i for i, (k, q) in enumerate(zip(kv.raw, waiting.raw)) if k >= at and q != zero]
+    else:
+        hot = [i for i, (k, q) in enumerate(zip(kv.values(), waiting.values())) if k >= KV_PRESSURE_PERCENT and q > 0]
     if hot:
         b.pressure_samples += len(hot)
         n = int(recs[hot[0]][:offset - 1])

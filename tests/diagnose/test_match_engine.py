@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from oomdoctor.diagnose import match as matching
 from oomdoctor.diagnose.classify import diagnose_file
 from oomdoctor.diagnose.rules import default_rules
-from oomdoctor.diagnose.shapes import digit_uniform, mask
+from oomdoctor.diagnose.rulespec import EngineSpec
+from oomdoctor.diagnose.shapes import HEX_RUN, digit_uniform, fixed_in_key, mask
 from oomdoctor.diagnose.signals import MAX_SAMPLES, RuntimeTracker
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
@@ -110,7 +111,8 @@ def test_stats_heavy_lines_same_as_the_full_matcher_and_once_per_shape():
     assert summary["preemptions"] > 0 and summary["rejected_requests"] > 20
     shapes = {mask(b"%d:%s" % (n, raw)) for n, raw in lines}
     slow = [p for p in lm._plans.values() if p.pending is None]
-    assert len(lm._plans) == len(shapes) < len(lines) // 4
+    hex_plans = [h for hs in lm._hex.values() for h in hs if h.ok]  # a start-up line with a cache path's hash in it
+    assert len(lm._plans) + len(hex_plans) == len(shapes) < len(lines) // 4
     assert len(slow) < len(lm._plans) // 2           # the stats and rejection shapes are fast
 
 
@@ -163,3 +165,151 @@ def test_diagnose_of_a_stats_heavy_log_grep_and_python_agree(tmp_path):
     g, p = diagnose_file(log, RULES, scanner="auto"), diagnose_file(log, RULES, scanner="python")
     assert (g.klass, g.rule, g.numbers, g.runtime, g.hits) == (p.klass, p.rule, p.numbers, p.runtime, p.hits)
     assert g.klass == "kv_preemption" and g.runtime["stats_lines"] == sum(b"Engine 000" in r for _, r in lines)
+
+
+# ----------------------------------------------------------------------------- request ids (hex keys)
+ADDED = b"(APIServer pid=4392) INFO 11-29 %02d:%02d:%02d [async_llm.py:343] Added request %s-%s-0."
+RECEIVED = b"(APIServer pid=4392) INFO 11-29 %02d:%02d:%02d [logger.py:49] Received request %s-%s: prompt: 'x'"
+
+
+def _hex_id(rnd: random.Random, planted: list[bytes]) -> bytes:
+    """A request id: 32 hex digits, a UUID, or (now and then) one with a literal of the matcher planted in it."""
+    r = rnd.random()
+    if r < 0.1:
+        return b"%08x-%04x-%04x-%04x-%012x" % tuple(rnd.getrandbits(b) for b in (32, 16, 16, 16, 48))
+    h = b"%032x" % rnd.getrandbits(128)
+    if r < 0.25 and planted:
+        lit = rnd.choice(planted)
+        at = rnd.randint(0, len(h) - len(lit))
+        h = h[:at] + lit + h[at + len(lit):]
+    return h[:rnd.choice((16, 24, 32, 32, 32))]
+
+
+def request_lines(n_lines: int, seed: int, planted: list[bytes]) -> list[tuple[int, bytes]]:
+    """The candidate lines of a serving log that logs its requests: start-up, stats lines, and 'Added request'
+    lines, each with a new id (of several kinds and widths, some holding a literal the matcher looks for)."""
+    rnd = random.Random(seed)
+    out = candidate_lines(FIX / "Eserve_pass.log")[:120]
+    stats = serving_lines(n_lines // 4, seed)[120:]
+    n = out[-1][0]
+    for i in range(n_lines):
+        n += 1
+        s = i * 3
+        if i % 4 == 0 and stats:
+            out.append((n, stats.pop()[1]))
+            continue
+        kind = rnd.choice((b"cmpl", b"chatcmpl", b"embd", b"req", b"xyz"))
+        fmt = ADDED if rnd.random() < 0.9 else RECEIVED
+        out.append((n, fmt % (s // 3600 % 24, s // 60 % 60, s % 60, kind, _hex_id(rnd, planted))))
+    return out
+
+
+def _matcher_calls(monkeypatch) -> list[bytes | str]:
+    calls: list[bytes | str] = []
+    orig = matching.LineMatcher._match
+    monkeypatch.setattr(matching.LineMatcher, "_match", lambda self, n, raw: calls.append(raw) or orig(self, n, raw))
+    return calls
+
+
+def test_request_ids_same_as_the_full_matcher_and_not_once_per_line(monkeypatch):
+    planted = [b"dead", b"Added request ", b"beef", b"0.25.1"]
+    lines = request_lines(6000, seed=4, planted=planted)
+    ref = full(lines)
+    calls = _matcher_calls(monkeypatch)
+    got, lm = cached(lines, batch=500)
+    learned = sum(b"Added request" in raw for raw in calls)
+    assert got == ref and block_fed(lines) == ref
+    added = sum(b"Added request" in raw for _, raw in lines)
+    assert added > 4000 and ref[4]["vllm.serving.request"]["count"] == 1     # the first line is the evidence
+    assert learned < added // 10                         # request lines take their hex key's plan
+    assert len(lm._plans) < 1000                         # and leave no shape behind each
+
+
+def test_hex_literals_of_an_engine_are_counted_as_the_full_matcher_counts():
+    """An engine whose detection strings are hex digits ('deadbeef', 'c0ffee1234') or touch a run: lines whose id
+    holds them (or not) count alike on both paths — a key holding such a literal gets no hex plan."""
+    odd = EngineSpec("oddengine", "odd", None, ["deadbeef", "c0ffee1234", "-0.", "pl-f"], [], [], "-")
+    engines = ENGINES + [odd]
+    lines = request_lines(3000, seed=5, planted=[b"deadbeef", b"c0ffee1234"])
+
+    def run(feed):
+        rt, hits = RuntimeTracker(), {}
+        lm = matching.LineMatcher(RULES.rules, engines, rt, hits)
+        feed(lm)
+        return _result(lm, rt, hits)
+
+    def one_by_one(lm):
+        for n, raw in lines:
+            lm.add(n, raw)
+
+    ref = run(one_by_one)
+    assert ref[1]["oddengine"] > 0
+    assert run(lambda lm: lm.add_pairs(lines)) == ref
+
+
+def test_fixed_in_key():
+    key = mask(b"7:(APIServer pid=1) INFO 11-29 01:02:03 [async_llm.py:343] Added request cmpl-%s-0." % (b"ab" * 16))
+    runs = [m.span() for m in HEX_RUN.finditer(key)]
+    assert len(runs) == 1 and not HEX_RUN.search(mask(b"1:no run here: cafe-bad-c0ffee"))
+    assert fixed_in_key(b"Added request ", key, runs)
+    assert fixed_in_key(b"(APIServer pid=", key, runs)
+    assert fixed_in_key(b"not in it", key, runs)
+    assert not fixed_in_key(b"beef", key, runs)          # could lie inside another line's id
+    assert not fixed_in_key(b"cmpl-a", key, runs)        # could start another line's id
+    assert not fixed_in_key(b"f-0.", key, runs)          # could end it
+    assert fixed_in_key(b"q-0.", key, runs)              # 'q' is no hex digit: cannot end an id
+    assert not fixed_in_key(b"pid=1", key, runs)         # holds a digit that is in the key
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**16), n=st.integers(min_value=1, max_value=400))
+def test_request_ids_any_seed_same_as_the_full_matcher(seed, n):
+    lines = request_lines(n, seed=seed, planted=[b"dead", b"Added request ", b"Running: ", b"1.1"])
+    assert cached(lines, batch=37)[0] == full(lines)
+
+
+@pytest.mark.slow
+def test_diagnose_with_request_ids_same_with_and_without_the_cache(tmp_path, monkeypatch):
+    lines = request_lines(20000, seed=6, planted=[b"dead"])
+    log = tmp_path / "requests.log"
+    log.write_bytes(b"\n".join(raw for _, raw in lines) + b"\n")
+
+    def facts(d):
+        return (d.klass, d.rule, d.phase, d.phase_basis, d.engine, d.engine_version, d.numbers, d.runtime,
+                d.evidence, d.notes, d.hits)
+
+    g, p = diagnose_file(log, RULES, scanner="auto"), diagnose_file(log, RULES, scanner="python")
+    orig = matching.LineMatcher.__init__
+
+    def no_cache(self, *a, **k):
+        orig(self, *a, **k)
+        self._cache = False
+    monkeypatch.setattr(matching.LineMatcher, "__init__", no_cache)
+    slow = diagnose_file(log, RULES, scanner="auto")
+    assert facts(g) == facts(p) == facts(slow)
+    assert g.runtime["stats_lines"] > 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(ints=st.integers(min_value=1, max_value=4), decimals=st.integers(min_value=0, max_value=14),
+       values=st.lists(st.floats(min_value=0, max_value=9999, allow_nan=False), min_size=1, max_size=30))
+def test_pressure_threshold_compared_as_bytes_is_the_float_comparison(ints, decimals, values):
+    """The bulk fold compares a shape's KV numbers as bytes against 95 written the same way: the same answer as
+    float() of each, or no bytes threshold at all (then it converts)."""
+    from types import SimpleNamespace
+
+    from oomdoctor.diagnose.shapes import NumberSlot
+    from oomdoctor.diagnose.signals import KV_PRESSURE_PERCENT, _Lazy
+
+    width = ints + (decimals + 1 if decimals else 0)
+    raws = [(f"{v:.{decimals}f}" if decimals else f"{v:.0f}").zfill(width).encode() for v in values]
+    raws = [r for r in raws if len(r) == width]
+    if not raws:
+        return
+    slot = SimpleNamespace(numbers=[NumberSlot("kv_usage_percent", 0, width, "percent", True)])
+    lazy = _Lazy(slot, raws, 0, "kv_usage_percent")
+    at = lazy.as_bytes(KV_PRESSURE_PERCENT)
+    if at is not None:
+        assert [r >= at for r in raws] == [float(r) >= KV_PRESSURE_PERCENT for r in raws]
+    else:
+        assert ints < 2 or decimals > 12

@@ -14,6 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomdoctor import contract
 from oomdoctor.diagnose.classify import diagnose_file
@@ -336,3 +338,70 @@ def test_engine_yaml_in_the_wrong_folder_is_refused(tmp_path):
     (root / "demo" / "engine.yaml").write_text(ENGINE_YAML.replace("engine: demo", "engine: other"))
     with pytest.raises(RuleError, match="engine.yaml"):
         load_rules(root)
+
+
+def test_bundled_catalogue_loads_the_same_eagerly_and_lazily(monkeypatch):
+    """The bundled patterns are compiled when first used; loading them all eagerly (every regex compiled, every
+    number's group read from the compiled regex, as for rules from outside the package) gives the same catalogue,
+    and the group names read from the sources are the compiled ones."""
+    from oomdoctor.diagnose import rules as rules_mod
+
+    lazy = load_rules(RULES)
+    assert not any("regex" in p.__dict__ for r in lazy.rules for p in r.patterns)     # nothing compiled yet
+    monkeypatch.setattr(rules_mod, "EAGER", True)
+    eager = load_rules(RULES)
+    assert lazy.rules == eager.rules
+    for r in lazy.rules:
+        for p in r.patterns:
+            assert rules_mod._group_names(p, r.path) == set(p.regex.groupindex), (r.id, p.source)
+
+
+def test_rules_from_outside_the_package_are_compiled_at_load(tmp_path):
+    root = _write_rules(tmp_path, "broken", GOOD_RULE.replace("demo.ok", "demo.broken").replace(
+        "KV cache too small: ", "KV cache too small: (unclosed"))
+    with pytest.raises(RuleError, match="invalid regex"):
+        load_rules(root)
+    rs = load_rules(_write_rules(tmp_path / "ok", None, None))
+    assert all("regex" in p.__dict__ for r in rs.rules for p in r.patterns)
+
+
+def _parser_items(pattern: str):
+    from oomdoctor.diagnose.rulespec import sre_parse
+
+    parsed = sre_parse.parse(pattern)
+    if parsed.state.flags & re.IGNORECASE:
+        return None
+    return [chr(av) if op is sre_parse.LITERAL else None for op, av in parsed]
+
+
+def test_quick_anchor_reader_is_the_regex_parser_on_the_catalogue():
+    from oomdoctor.diagnose.rulespec import _top_items
+
+    sources = [p.source for r in RULESET.rules for p in r.patterns]
+    sources += [vp.pattern for e in RULESET.engines.values() for vp in e.version_patterns]
+    read = [(s, _top_items(s)) for s in sources]
+    assert sum(items is not None for _, items in read) > len(sources) // 2     # the quick reader is used
+    for s, items in read:
+        if items is not None:
+            assert items == _parser_items(s), s
+
+
+_PIECES = ["a", "b", "Q", " ", ":", "-", "#", "\\.", "\\(", "\\d", "\\s+", "\\n", "[ab]", "[.]", "[^x]", "(?:ab)",
+           "(?:a|b)", "(ab)", "(?P<g>x)", "(?=a)", "(?>ab)", "(?i)", "(?#c)", ".", "^", "$", "*", "+", "?", "*?",
+           "++", "{2}", "{1,3}", "|", ")", "(", "]", "}", "\\", "é"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=12))
+def test_quick_anchor_reader_is_the_regex_parser(pieces):
+    """On any valid pattern the quick reader reads, it reads what the regex parser gives (else it defers)."""
+    from oomdoctor.diagnose.rulespec import _top_items
+
+    pattern = "".join(pieces)
+    try:
+        expected = _parser_items(pattern)
+    except re.error:
+        return
+    items = _top_items(pattern)
+    if items is not None:
+        assert items == expected
