@@ -8,6 +8,7 @@ the same code path as ``oomdoctor diagnose LOG``. Nothing fetched is stored in t
     python tools/heldout/measure.py --json          # one JSON object
     python tools/heldout/measure.py --show ID       # print one extracted paste (no diagnosis)
     python tools/heldout/measure.py --extract-only  # check that every paste can be cut out
+    python tools/heldout/measure.py --manifest tools/heldout/manifest2.yaml   # set 2 (README: "Set 2")
 
 Sources: --mirrors DIR (or HELDOUT_MIRRORS; default /work/.mirror) holds OWNER+NAME/repo git dirs;
 --sdists DIR (or HELDOUT_SDISTS; default /tmp/sdist) holds NAME-VERSION/ unpacked sdists. A paste whose
@@ -58,9 +59,13 @@ def read_source(src: dict, entry_src: dict, mirrors: Path, sdists: Path) -> str:
     return (root / path).read_text(encoding="utf-8", errors="replace")
 
 
-def notebook_cell_output(text: str, cell: int) -> str:
-    """The stream output (stdout and stderr, in order) of one notebook cell: what the cell printed."""
+def notebook_cell_output(text: str, cell: int, source: bool = False) -> str:
+    """The stream output (stdout and stderr, in order) of one notebook cell: what the cell printed.
+    With ``source``, the cell's own text instead (a markdown cell that quotes a log in a code block)."""
     nb = json.loads(text)
+    if source:
+        src = nb["cells"][cell].get("source", "")
+        return "".join(src) if isinstance(src, list) else src
     parts = []
     for out in nb["cells"][cell].get("outputs", []) or []:
         if out.get("output_type") == "stream":
@@ -74,7 +79,7 @@ CODE_SPAN = re.compile(r"``(.+?)``|`([^`]+)`")
 
 def cut(text: str, spec: dict) -> str:
     if "cell" in spec:
-        text = notebook_cell_output(text, spec["cell"])
+        text = notebook_cell_output(text, spec["cell"], spec.get("cell_source", False))
     lines = text.split("\n")
     if "lines" in spec:
         a, b = spec["lines"]
