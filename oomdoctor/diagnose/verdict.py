@@ -2,10 +2,12 @@
 signals; else, with only wrappers in the paste, ``cascade_only`` (where the root cause was printed)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from oomdoctor import contract
 from oomdoctor.diagnose.match import Match
+from oomdoctor.diagnose.rulespec import Rule
 from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, phase_of
 from oomdoctor.diagnose.signals import RuntimeTracker
 
@@ -149,12 +151,59 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     return [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and explained_by_rejection(m))]
 
 
-def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str) -> tuple[Match | None, Verdict]:
-    """The root line and the verdict of the matches of one engine (and version)."""
+def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:
+    """The root candidates a wrapper carries: the root rules that read its line (an OOM text a pattern finds anywhere)
+    or its quoted text (the named group ``carried``: the worker's ``str(exception)``) as if it were the exception
+    line. One list per wrapper, in log order."""
+    out: list[Match] = []
+    rules = list(root_rules)
+    for c in carriers:
+        text = c.groups["carried"].strip()
+        quoted = replace(c.line, msg=text, text=text)
+        seen = {m.rule.id for m in roots if m.n == c.n}
+        out.extend(m for m in roots if m.n == c.n)
+        for r in rules:
+            if r.id in seen or r.role != "root":
+                continue
+            rm = r.match(quoted)
+            if rm:
+                out.append(Match(r, c.line, r.extract(rm), {k: v for k, v in rm.groupdict().items() if v is not None}))
+    return out
+
+
+def _pick_carried(cands: list[Match]) -> Match | None:
+    """The first wrapper's candidates: its specific rules (highest priority) before its fallbacks."""
+    if not cands:
+        return None
+    first = [m for m in cands if m.n == cands[0].n]
+    pool = [m for m in first if not m.rule.fallback] or first
+    return max(pool, key=lambda m: m.rule.priority)
+
+
+def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str,
+           root_rules: Iterable[Rule] = ()) -> tuple[Match | None, Verdict]:
+    """The root line and the verdict of the matches of one engine (and version).
+
+    A wrapper that carries its root's text (``Worker failed with error '<text>'``) stands for the exception line only
+    when the paste holds no exception line of its own: no root outside the wrappers' lines, other than a cut traceback's
+    reading (``_is_cut_reading``). Then the text is read with the same root rules; a log that prints the
+    real exception line keeps it as the root."""
     milestones = [m for m in keep if m.rule.role == "milestone"]
     frames = [m for m in keep if m.rule.role == "frame"]
     cascades = [m for m in keep if m.rule.role == "cascade"]
     roots = _roots(keep, runtime)
+    carriers = [c for c in cascades if (c.groups.get("carried") or "").strip()]
+    carried_at, cascade_at = {c.n for c in carriers}, {c.n for c in cascades}
+    # an exception line of the paste's own: not on a carrying wrapper, not a cut traceback's reading, not a fallback on
+    # another wrapper's line (the front end's "RuntimeError: Engine core initialization failed ..." is no root either)
+    own = [m for m in roots if m.n not in carried_at and not _is_cut_reading(m)
+           and not (m.rule.fallback and m.n in cascade_at)]
+    root = _pick_carried(carried_roots(carriers, roots, root_rules)) if carriers and not own else None
+    if root is not None:
+        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
+        if v.klass != "unknown":
+            return root, v
+        notes.clear()
     root = select_root(roots, cascades)
     v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
     if root is not None and root.rule.fallback and v.klass == "unknown":
