@@ -8,7 +8,7 @@ from typing import Iterable
 from oomdoctor import contract
 from oomdoctor.diagnose.match import Match
 from oomdoctor.diagnose.rulespec import Rule
-from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, phase_of
+from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, from_frames, phase_of
 from oomdoctor.diagnose.signals import RuntimeTracker
 
 RANK = {"low": 0, "medium": 1, "high": 2}
@@ -87,12 +87,31 @@ def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tupl
     return prev, nxt, chain_end
 
 
+def callee_frames(root: Match, roots: list[Match], frames: list[Match]) -> list[Match]:
+    """The frames of the process whose failure a relay carries, when its traceback is in the paste without its
+    exception line: the last cut traceback (``_is_cut_reading``) of another process before the relay. They are inner
+    to the relay's own frames (the engine core's RPC into the worker), so they place the failure."""
+    cut = [m for m in roots if m.n < root.n and _is_cut_reading(m) and m.line.process != root.line.process]
+    if not cut:
+        return []
+    proc = cut[-1].line.process
+    return [f for f in frames if f.line.process == proc and root.n - FRAME_WINDOW < f.n < root.n]
+
+
 def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
-                  frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "") -> Verdict:
+                  frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "",
+                  callee: list[Match] | None = None) -> Verdict:
     v = Verdict()
     if root is not None:
         prev_err, next_err, chain_end = _error_lines(root, roots, cascades)
-        call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving, chain_end)
+        serving = runtime.first_serving
+        call = from_frames(callee, serving[0] if serving else None, root) if callee else None
+        if call is not None and callee:   # which cut traceback the relay speaks for is read from the line order: medium
+            call = PhaseCall(call.phase, call.basis, "medium" if call.confidence == "high" else call.confidence,
+                             f"{call.detail} of the process whose failure the relay carries ({callee[-1].line.process})",
+                             call.line)
+        else:
+            call = phase_of(root, milestones, frames, prev_err, next_err, serving, chain_end)
         k, call = class_of(root, call)
         if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
             call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)
@@ -200,7 +219,8 @@ def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle:
            and not (m.rule.fallback and m.n in cascade_at)]
     root = _pick_carried(carried_roots(carriers, roots, root_rules)) if carriers and not own else None
     if root is not None:
-        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
+        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle,
+                          callee_frames(root, roots, frames))
         if v.klass != "unknown":
             return root, v
         notes.clear()

@@ -236,6 +236,11 @@ def test_a_relay_that_carries_its_roots_text_is_read_as_the_exception_line():
     # a carried OOM text: the same OOM rule, placed by the engine core's own frames (determine_available_memory)
     d = _diag(WRAP / "relay_only_oom.log")
     assert (d.klass, d.phase, d.rule, d.phase_basis_kind) == ("profiling_oom", "profiling", "vllm.cuda_oom.torch", "frames")
+    # the worker's frames without their exception line, then the relay of its OOM: the worker's (inner) frames place
+    # it (capture), not the engine core's RPC frame (initialize_from_config, the KV step)
+    d = _diag(WRAP / "relay_after_cut_worker_frames_oom.log")
+    assert (d.klass, d.phase, d.phase_basis_kind, d.confidence) == ("cuda_graph_oom", "cuda_graph", "frames", "medium")
+    assert "Worker_TP1" in d.phase_basis
 
 
 def test_the_real_exception_line_stays_the_root_when_the_log_prints_it():
