@@ -260,3 +260,9 @@ def test_a_relay_with_an_empty_text_stays_cascade_only(tmp_path):
                  encoding="utf-8")
     d = diagnose_file(p, RULES, engine="vllm")
     assert d.klass == "cascade_only" and d.rule == "vllm.cascade.worker_failed"
+
+
+def test_v0_engine_dead_error_carries_the_repr_of_the_engine_loops_error():
+    # the tail of a request's traceback: MQEngineDeadError's text ends with repr(original); before, cascade_only
+    d = _diag(LOGS / "vllm-0.8.5-wrapper-formatstrings" / "mq_engine_dead_repr.log")
+    assert (d.klass, d.rule, d.root.n, d.engine) == ("not_memory", "vllm.other.exception", 7, "vllm")
