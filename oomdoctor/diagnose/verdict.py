@@ -171,31 +171,32 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
 
 
 def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:
-    """The root candidates a wrapper carries: the root rules that read its line (an OOM text a pattern finds anywhere)
-    or its quoted text (the named group ``carried``: the worker's ``str(exception)``) as if it were the exception
-    line. One list per wrapper, in log order."""
-    out: list[Match] = []
-    rules = list(root_rules)
+    """The root candidates the first wrapper that carries a readable text holds: the root rules that read its line (an
+    OOM text a pattern finds anywhere) or its quoted text (the named group ``carried``: the worker's ``str(exception)``,
+    V0's ``repr(exception)``) as if it were the exception line. Later wrappers are read only when an earlier one
+    yields nothing (a serving log can hold one relay per request)."""
+    rules = [r for r in root_rules if r.role == "root"]
     for c in carriers:
         text = c.groups["carried"].strip()
         quoted = replace(c.line, msg=text, text=text)
-        seen = {m.rule.id for m in roots if m.n == c.n}
-        out.extend(m for m in roots if m.n == c.n)
+        out = [m for m in roots if m.n == c.n]
+        seen = {m.rule.id for m in out}
         for r in rules:
-            if r.id in seen or r.role != "root":
+            if r.id in seen:
                 continue
             rm = r.match(quoted)
             if rm:
                 out.append(Match(r, c.line, r.extract(rm), {k: v for k, v in rm.groupdict().items() if v is not None}))
-    return out
+        if out:
+            return out
+    return []
 
 
 def _pick_carried(cands: list[Match]) -> Match | None:
-    """The first wrapper's candidates: its specific rules (highest priority) before its fallbacks."""
+    """The wrapper's specific rules (highest priority) before its fallbacks."""
     if not cands:
         return None
-    first = [m for m in cands if m.n == cands[0].n]
-    pool = [m for m in first if not m.rule.fallback] or first
+    pool = [m for m in cands if not m.rule.fallback] or cands
     return max(pool, key=lambda m: m.rule.priority)
 
 
