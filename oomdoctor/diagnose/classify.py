@@ -143,7 +143,8 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
-    root_rules = [r for r in ruleset.rules if r.role == "root" and (fam is None or r.engine in fam) and r.applies_to(rver)]
+    root_rules = [r for r in ruleset.rules
+                  if r.role == "root" and (fam is None or r.engine in fam) and r.applies_to(rver)]
     root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver), root_rules)
     if caveat and v.confidence == "high":
         v.confidence = "medium"

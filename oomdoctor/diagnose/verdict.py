@@ -108,7 +108,8 @@ def classify_root(root: Match | None, roots: list[Match], cascades: list[Match],
         call = from_frames(callee, serving[0] if serving else None, root) if callee else None
         if call is not None and callee:   # which cut traceback the relay speaks for is read from the line order: medium
             call = PhaseCall(call.phase, call.basis, "medium" if call.confidence == "high" else call.confidence,
-                             f"{call.detail} of the process whose failure the relay carries ({callee[-1].line.process})",
+                             f"{call.detail} of the process whose failure the relay carries "
+                             f"({callee[-1].line.process})",
                              call.line)
         else:
             call = phase_of(root, milestones, frames, prev_err, next_err, serving, chain_end)
