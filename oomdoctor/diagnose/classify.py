@@ -143,7 +143,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
     milestones = [m for m in keep if m.rule.role == "milestone"]
-    root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver))
+    root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver), root_rules_of(ruleset, fam, rver))
     if caveat and v.confidence == "high":
         v.confidence = "medium"
 
@@ -164,6 +164,11 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
         phase_basis_kind=v.basis_kind, confidence=v.confidence, settle=v.settle, fetch=v.fetch,
         version_caveat=caveat,
     )
+
+
+def root_rules_of(ruleset: RuleSet, fam: set[str] | None, ver: str | None) -> list:
+    """The root rules of the log's engine (family) and version: they read a wrapper's carried text."""
+    return [r for r in ruleset.rules if r.role == "root" and (fam is None or r.engine in fam) and r.applies_to(ver)]
 
 
 def engine_of_hits(ruleset: RuleSet, hits: dict[str, dict]) -> str | None:

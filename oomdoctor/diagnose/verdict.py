@@ -2,11 +2,13 @@
 signals; else, with only wrappers in the paste, ``cascade_only`` (where the root cause was printed)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from oomdoctor import contract
 from oomdoctor.diagnose.match import Match
-from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, phase_of
+from oomdoctor.diagnose.rulespec import Rule
+from oomdoctor.diagnose.phase import FRAME_WINDOW, PhaseCall, from_frames, phase_of
 from oomdoctor.diagnose.signals import RuntimeTracker
 
 RANK = {"low": 0, "medium": 1, "high": 2}
@@ -85,12 +87,32 @@ def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tupl
     return prev, nxt, chain_end
 
 
+def callee_frames(root: Match, roots: list[Match], frames: list[Match]) -> list[Match]:
+    """The frames of the process whose failure a relay carries, when its traceback is in the paste without its
+    exception line: the last cut traceback (``_is_cut_reading``) of another process before the relay. They are inner
+    to the relay's own frames (the engine core's RPC into the worker), so they place the failure."""
+    cut = [m for m in roots if m.n < root.n and _is_cut_reading(m) and m.line.process != root.line.process]
+    if not cut:
+        return []
+    proc = cut[-1].line.process
+    return [f for f in frames if f.line.process == proc and root.n - FRAME_WINDOW < f.n < root.n]
+
+
 def classify_root(root: Match | None, roots: list[Match], cascades: list[Match], milestones: list[Match],
-                  frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "") -> Verdict:
+                  frames: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str = "",
+                  callee: list[Match] | None = None) -> Verdict:
     v = Verdict()
     if root is not None:
         prev_err, next_err, chain_end = _error_lines(root, roots, cascades)
-        call = phase_of(root, milestones, frames, prev_err, next_err, runtime.first_serving, chain_end)
+        serving = runtime.first_serving
+        call = from_frames(callee, serving[0] if serving else None, root) if callee else None
+        if call is not None and callee:   # which cut traceback the relay speaks for is read from the line order: medium
+            call = PhaseCall(call.phase, call.basis, "medium" if call.confidence == "high" else call.confidence,
+                             f"{call.detail} of the process whose failure the relay carries "
+                             f"({callee[-1].line.process})",
+                             call.line)
+        else:
+            call = phase_of(root, milestones, frames, prev_err, next_err, serving, chain_end)
         k, call = class_of(root, call)
         if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
             call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)
@@ -149,12 +171,61 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     return [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and explained_by_rejection(m))]
 
 
-def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str) -> tuple[Match | None, Verdict]:
-    """The root line and the verdict of the matches of one engine (and version)."""
+def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:
+    """The root candidates the first wrapper that carries a readable text holds: the root rules that read its line (an
+    OOM text a pattern finds anywhere) or its quoted text (the named group ``carried``: the worker's ``str(exception)``,
+    V0's ``repr(exception)``) as if it were the exception line. Later wrappers are read only when an earlier one
+    yields nothing (a serving log can hold one relay per request)."""
+    rules = [r for r in root_rules if r.role == "root"]
+    for c in carriers:
+        text = c.groups["carried"].strip()
+        quoted = replace(c.line, msg=text, text=text)
+        out = [m for m in roots if m.n == c.n]
+        seen = {m.rule.id for m in out}
+        for r in rules:
+            if r.id in seen:
+                continue
+            rm = r.match(quoted)
+            if rm:
+                out.append(Match(r, c.line, r.extract(rm), {k: v for k, v in rm.groupdict().items() if v is not None}))
+        if out:
+            return out
+    return []
+
+
+def _pick_carried(cands: list[Match]) -> Match | None:
+    """The wrapper's specific rules (highest priority) before its fallbacks."""
+    if not cands:
+        return None
+    pool = [m for m in cands if not m.rule.fallback] or cands
+    return max(pool, key=lambda m: m.rule.priority)
+
+
+def decide(keep: list[Match], runtime: RuntimeTracker, notes: list[str], settle: str,
+           root_rules: Iterable[Rule] = ()) -> tuple[Match | None, Verdict]:
+    """The root line and the verdict of the matches of one engine (and version).
+
+    A wrapper that carries its root's text (``Worker failed with error '<text>'``) stands for the exception line only
+    when the paste holds no exception line of its own: no root outside the wrappers' lines, other than a cut traceback's
+    reading (``_is_cut_reading``). Then the text is read with the same root rules; a log that prints the
+    real exception line keeps it as the root."""
     milestones = [m for m in keep if m.rule.role == "milestone"]
     frames = [m for m in keep if m.rule.role == "frame"]
     cascades = [m for m in keep if m.rule.role == "cascade"]
     roots = _roots(keep, runtime)
+    carriers = [c for c in cascades if (c.groups.get("carried") or "").strip()]
+    carried_at, cascade_at = {c.n for c in carriers}, {c.n for c in cascades}
+    # an exception line of the paste's own: not on a carrying wrapper, not a cut traceback's reading, not a fallback on
+    # another wrapper's line (the front end's "RuntimeError: Engine core initialization failed ..." is no root either)
+    own = [m for m in roots if m.n not in carried_at and not _is_cut_reading(m)
+           and not (m.rule.fallback and m.n in cascade_at)]
+    root = _pick_carried(carried_roots(carriers, roots, root_rules)) if carriers and not own else None
+    if root is not None:
+        v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle,
+                          callee_frames(root, roots, frames))
+        if v.klass != "unknown":
+            return root, v
+        notes.clear()
     root = select_root(roots, cascades)
     v = classify_root(root, roots, cascades, milestones, frames, runtime, notes, settle)
     if root is not None and root.rule.fallback and v.klass == "unknown":

@@ -220,3 +220,49 @@ def test_worker_step_called_by_the_driver_takes_the_drivers_start_up_frame():
     d = _diag(FG / "vllm-v0p-008.log")
     assert (d.klass, d.phase, d.confidence) == ("profiling_oom", "profiling", "medium")
     assert "calling process" in d.phase_basis
+
+
+WRAP = LOGS / "vllm-0.11.0-wrapper-formatstrings"
+
+
+def test_a_relay_that_carries_its_roots_text_is_read_as_the_exception_line():
+    # only the engine core's traceback: "RuntimeError: Worker failed with error '<the worker's ValueError text>'"
+    d = _diag(WRAP / "relay_only_not_memory.log")
+    assert (d.klass, d.rule, d.root.n) == ("not_memory", "vllm.other.worker_exception", 19)
+    assert d.confidence == "medium" and not d.is_memory_failure
+    # the worker's frames without their exception line: the carried text beats the cut traceback's guess (capture)
+    d = _diag(WRAP / "relay_after_cut_worker_frames.log")
+    assert (d.klass, d.rule) == ("not_memory", "vllm.other.worker_exception")
+    # a carried OOM text: the same OOM rule, placed by the engine core's own frames (determine_available_memory)
+    d = _diag(WRAP / "relay_only_oom.log")
+    assert (d.klass, d.phase, d.rule, d.phase_basis_kind) == ("profiling_oom", "profiling", "vllm.cuda_oom.torch", "frames")
+    # the worker's frames without their exception line, then the relay of its OOM: the worker's (inner) frames place
+    # it (capture), not the engine core's RPC frame (initialize_from_config, the KV step)
+    d = _diag(WRAP / "relay_after_cut_worker_frames_oom.log")
+    assert (d.klass, d.phase, d.phase_basis_kind, d.confidence) == ("cuda_graph_oom", "cuda_graph", "frames", "medium")
+    assert "Worker_TP1" in d.phase_basis
+
+
+def test_the_real_exception_line_stays_the_root_when_the_log_prints_it():
+    d = _diag(WRAP / "relay_with_worker_exception.log")
+    text = (WRAP / "relay_with_worker_exception.log").read_text(encoding="utf-8").splitlines()
+    assert d.rule == "vllm.other.exception" and "ValueError: CUDAGraphMode.FULL" in text[d.root.n - 1]
+    assert "Worker_TP0" in text[d.root.n - 1]
+    d = _diag(LOGS / "vllm-0.11.0-formatstrings" / "tp2_one_rank_oom.log")
+    assert "(Worker_TP1" in (LOGS / "vllm-0.11.0-formatstrings" / "tp2_one_rank_oom.log").read_text(
+        encoding="utf-8").splitlines()[d.root.n - 1]
+
+
+def test_a_relay_with_an_empty_text_stays_cascade_only(tmp_path):
+    # str(AssertionError()) is '': the relay says nothing about the root
+    p = tmp_path / "empty.log"
+    p.write_text("RuntimeError: Worker failed with error '', please check the stack trace above for the root cause\n",
+                 encoding="utf-8")
+    d = diagnose_file(p, RULES, engine="vllm")
+    assert d.klass == "cascade_only" and d.rule == "vllm.cascade.worker_failed"
+
+
+def test_v0_engine_dead_error_carries_the_repr_of_the_engine_loops_error():
+    # the tail of a request's traceback: MQEngineDeadError's text ends with repr(original); before, cascade_only
+    d = _diag(LOGS / "vllm-0.8.5-wrapper-formatstrings" / "mq_engine_dead_repr.log")
+    assert (d.klass, d.rule, d.root.n, d.engine) == ("not_memory", "vllm.other.exception", 7, "vllm")
