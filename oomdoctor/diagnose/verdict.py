@@ -2,6 +2,7 @@
 signals; else, with only wrappers in the paste, ``cascade_only`` (where the root cause was printed)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
@@ -159,16 +160,50 @@ def cascade_verdict(v: Verdict, cascades: list[Match], notes: list[str]) -> None
     notes.append(f"the root cause is not in this paste: fetch {where}")
 
 
+# a logged stack, not a failure's traceback: frames inside an INFO/DEBUG/WARNING record of glog's format
+# ("I0204 23:56:14.567000 380022 torch/_dynamo/convert_frame.py:1701]   File ..."), as torch's own logging prints
+_LOGGED_STACK = re.compile(r'(?<![A-Za-z0-9])[IWD]\d{4} \d\d:\d\d:\d\d\.\d{1,9} {1,8}\d{1,10} [^\]\s]{1,300}:\d{1,9}\] {1,40}File "')
+TRACEBACK_TAIL_LINES = 8     # an exception line follows its traceback's last frame (source line, carets) this close
+
+
+def _logged_stack(m: Match) -> bool:
+    return m.line.level in ("DEBUG", "INFO", "WARNING") or _LOGGED_STACK.search(m.line.text) is not None
+
+
+def _traceback_complete(m: Match, keep: list[Match]) -> bool:
+    """A cut traceback's frame whose traceback is NOT cut: an exception line of the same process ends it (a
+    wrapper's own stack ending in `EngineDeadError`, an operator stop's): its frames are that error's, not a root's.
+    With a process prefix the process says which traceback a frame is in; without one, the exception line must
+    follow a run of frames that reaches back to this one (no gap longer than a frame's lines)."""
+    proc = m.line.process
+    frames = [m.n]
+    for c in keep:
+        if c.n <= m.n or c.line.process != proc or c.rule.role not in ("root", "cascade", "frame"):
+            continue
+        if c.n - frames[-1] > (FRAME_WINDOW if proc else TRACEBACK_TAIL_LINES):
+            return False
+        if _is_frame_line(c):
+            frames.append(c.n)
+        elif not (c.rule.fallback and c.rule.confidence == "low"):
+            return bool(proc) or c.n - frames[-1] <= TRACEBACK_TAIL_LINES
+    return False
+
+
 def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     """The root candidates. A generic fallback ("any FooError: line", a cut traceback) that a rejected request of
-    the same process explains — the rejection is its exception line — is not one."""
+    the same process explains — the rejection is its exception line — is not one; nor a cut traceback's frame that
+    is no cut traceback: a logged stack, or frames whose own exception line the paste holds."""
     explained = [(r.n, r.line.process) for r in runtime.rejections]
 
     def explained_by_rejection(m: Match) -> bool:
         # its exception line after it; or just before it when a collector exported the lines in reverse order
         return any(p == m.line.process and -REVERSED_LINES <= n - m.n <= FRAME_WINDOW for n, p in explained)
 
-    return [m for m in keep if m.rule.role == "root" and not (m.rule.fallback and explained_by_rejection(m))]
+    def not_a_cut_traceback(m: Match) -> bool:
+        return _is_frame_line(m) and (_logged_stack(m) or _traceback_complete(m, keep))
+
+    return [m for m in keep if m.rule.role == "root" and not (
+        m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m)))]
 
 
 def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:

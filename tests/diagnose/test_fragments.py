@@ -266,3 +266,32 @@ def test_v0_engine_dead_error_carries_the_repr_of_the_engine_loops_error():
     # the tail of a request's traceback: MQEngineDeadError's text ends with repr(original); before, cascade_only
     d = _diag(LOGS / "vllm-0.8.5-wrapper-formatstrings" / "mq_engine_dead_repr.log")
     assert (d.klass, d.rule, d.root.n, d.engine) == ("not_memory", "vllm.other.exception", 7, "vllm")
+
+
+def test_a_front_ends_own_traceback_that_ends_in_its_wrapper_is_no_cut_traceback():
+    # the API server's output_handler traceback, complete, ends in EngineDeadError: its frames are the wrapper's
+    # own stack, not a root's; before, they were read as a cut traceback in serving: runtime_oom (held-out set 2)
+    log = LOGS / "vllm-0.11.0-formatstrings" / "engine_dead_wrapper_only.log"
+    d = _diag(log)
+    assert (d.klass, d.phase) == ("cascade_only", "none")
+    assert not d.is_memory_failure
+    # the same traceback cut before its exception line is still read by its frames (confidence low)
+    cut = _lines(log, lambda t: "EngineDeadError" not in t and "HTTP/1.1\" 500" not in t)
+    d = diagnose_lines(cut, RULES, SourceInfo(str(log)))
+    assert (d.klass, d.rule, d.confidence) == ("runtime_oom", "vllm.traceback.cut", "low")
+
+
+def test_frames_in_a_logged_stack_are_not_a_cut_traceback():
+    # torch's own logging (TorchLogsFormatter: "[rank0]:I<mmdd> <time> <pid> <path>:<line>] ") prints a stack at
+    # INFO level; the engine's real error comes later. The logged frames are no root (held-out set 2: they won
+    # over an AssertionError and made it sampler_warmup_oom)
+    log = LOGS / "vllm-0.11.0-formatstrings" / "runtime_oom.log"
+    frames = _lines(log, lambda t: "[core.py:710]   File " in t or "[core.py:710]     " in t)
+    assert len(frames) > 6
+    logged = [(n, "[rank0]:I1202 09:15:41.567000 1037 torch/_dynamo/convert_frame.py:1701] " + t.split("[core.py:710] ", 1)[1])
+              for n, t in frames]
+    d = diagnose_lines(logged, RULES, SourceInfo(str(log)))
+    assert d.root is None and not d.is_memory_failure
+    # with the same frames under the engine's ERROR records (a traceback cut before its exception line) they count
+    d = diagnose_lines(frames, RULES, SourceInfo(str(log)))
+    assert d.rule == "vllm.traceback.cut" and d.is_memory_failure
