@@ -24,7 +24,7 @@ from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.rulespec import nearest_covered
 from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
-from oomdoctor.diagnose.verdict import Verdict, class_of, classify_root, decide, select_root
+from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import scan_blocks
 
@@ -81,6 +81,36 @@ class Diagnosis:
 
 
 # ----------------------------------------------------------------------------- phases
+IGNORED_WINDOW = 400         # how far an "ignored" report's traceback may run before its exception line
+
+
+def drop_ignored(matches: list[Match]) -> list[Match]:
+    """Take out the exceptions a report says were ignored (``role: ignored`` rules: CPython's unraisable report
+    ``Exception ignored in: <function X.__del__ ...>``): the traceback after such a line, in the same process, and its
+    exception line are not a failure of the run. Its frames (and a cut-traceback reading of them) are dropped, and
+    so are the roots and cascades on the first error line after it, which ends the report; any other match ends it
+    too (nothing is dropped from there on). A failure printed before the report, or after it, stays."""
+    marks = [m for m in matches if m.rule.role == "ignored"]
+    if not marks:
+        return matches
+    drop: set[int] = set()
+    for mark in marks:
+        end: int | None = None
+        for m in matches:
+            if m.n <= mark.n or m.line.process != mark.line.process:
+                continue
+            if m.n - mark.n > IGNORED_WINDOW or (end is not None and m.n > end):
+                break
+            if m.rule.role == "frame" or (m.rule.role == "root" and _is_cut_reading(m)):
+                drop.add(id(m))
+            elif m.rule.role in ("root", "cascade"):
+                drop.add(id(m))
+                end = m.n                   # the exception line: every root/cascade on it goes, then the report ends
+            else:
+                break
+    return [m for m in matches if id(m) not in drop]
+
+
 # ----------------------------------------------------------------------------- main
 def engine_version_of(ruleset: RuleSet, eng: str | None, versions: dict[str, tuple[str, int]],
                       forced: str | None) -> tuple[str | None, int | None, str | None, str]:
@@ -142,6 +172,7 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
     if metrics_text is not None:
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
+    keep = drop_ignored(keep)
     milestones = [m for m in keep if m.rule.role == "milestone"]
     root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver))
     if caveat and v.confidence == "high":
