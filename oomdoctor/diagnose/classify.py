@@ -203,7 +203,7 @@ def engine_of_hits(ruleset: RuleSet, hits: dict[str, dict]) -> str | None:
     own: dict[str, int] = {}
     for rid, h in hits.items():
         r = ruleset.by_id(rid)
-        if r.role == "frame" or r.fallback:
+        if r.role in ("frame", "ignored") or r.fallback:      # CPython's own reports name no engine
             continue
         own[h["engine"]] = own.get(h["engine"], 0) + h["count"]
     ranked = sorted(own.items(), key=lambda kv: -kv[1])
