@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -80,8 +81,8 @@ class Diagnosis:
         return out
 
 
-# ----------------------------------------------------------------------------- phases
-IGNORED_WINDOW = 400         # how far an "ignored" report's traceback may run before its exception line
+# ----------------------------------------------------------------------------- ignored exceptions
+IGNORED_WINDOW = 200         # how far an "ignored" report's traceback may run before its exception line
 
 
 def drop_ignored(matches: list[Match]) -> list[Match]:
@@ -89,26 +90,31 @@ def drop_ignored(matches: list[Match]) -> list[Match]:
     ``Exception ignored in: <function X.__del__ ...>``): the traceback after such a line, in the same process, and its
     exception line are not a failure of the run. Its frames (and a cut-traceback reading of them) are dropped, and
     so are the roots and cascades on the first error line after it, which ends the report; any other match ends it
-    too (nothing is dropped from there on). A failure printed before the report, or after it, stays."""
+    too (nothing is dropped from there on), and so does the end of a window of IGNORED_WINDOW lines (an exit-time
+    traceback is short: a report whose exception line no rule reads must not swallow a later failure for long).
+    A failure printed before the report, or after it, stays."""
     marks = [m for m in matches if m.rule.role == "ignored"]
     if not marks:
         return matches
+    order = sorted(range(len(matches)), key=lambda i: matches[i].n)
+    lines = [matches[i].n for i in order]
     drop: set[int] = set()
     for mark in marks:
         end: int | None = None
-        for m in matches:
-            if m.n <= mark.n or m.line.process != mark.line.process:
-                continue
+        for i in order[bisect_right(lines, mark.n):]:
+            m = matches[i]
             if m.n - mark.n > IGNORED_WINDOW or (end is not None and m.n > end):
                 break
+            if m.line.process != mark.line.process:
+                continue
             if m.rule.role == "frame" or (m.rule.role == "root" and _is_cut_reading(m)):
-                drop.add(id(m))
+                drop.add(i)
             elif m.rule.role in ("root", "cascade"):
-                drop.add(id(m))
+                drop.add(i)
                 end = m.n                   # the exception line: every root/cascade on it goes, then the report ends
             else:
                 break
-    return [m for m in matches if id(m) not in drop]
+    return [m for i, m in enumerate(matches) if i not in drop]
 
 
 # ----------------------------------------------------------------------------- main
