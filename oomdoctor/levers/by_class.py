@@ -82,9 +82,10 @@ def gen_kv_alloc(c: Ctx) -> list[Lever]:
     if p:
         out.append(p)
     elif not c.pinned:
-        u = util_to_fit_free(c, 20)
-        if u:
-            out.append(u)
+        # without the free/total figures (a paste's tail, another accelerator's wording) the step down that leaves
+        # room outside the budget, rather than no software lever at all
+        out.append(util_to_fit_free(c, 20) or util_step_down(
+            c, "the KV cache allocation did not fit what was free; the log gives no figure to size it by", 20))
     f = free_others(c, 30)
     if f:
         out.append(f)

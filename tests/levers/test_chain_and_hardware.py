@@ -115,3 +115,15 @@ def test_the_chain_predicts_what_the_real_h200_runs_recorded(tmp_path: Path) -> 
     assert real[-1]["change"] == util_lever(card)["change"]
     assert check_chain(expected_chain(card, util_lever(card)), real[-1]["outcome"],
                        real[-1]["classification"]["class"])["status"] == "confirmed"
+
+
+def test_a_kv_allocation_oom_without_figures_gets_a_software_lever_first(tmp_path: Path) -> None:
+    # a paste's tail (and the TPU's wording) gives no free/total figure to size the KV cache by: the step down of
+    # gpu_memory_utilization comes first, hardware last, never hardware alone
+    for log in (ROOT / "fixtures" / "logs" / "field-guide" / "vllm-v1-018.log",
+                ROOT / "fixtures" / "logs" / "vllm-accel-formatstrings" / "tpu_kv_alloc_oom.log"):
+        card, _, diag = diagnose_log(log, tmp_path / f"{log.stem}.yaml", no_device=True)
+        assert diag.klass == "kv_allocation_oom"
+        ids = [lv["id"] for lv in card["levers"]]
+        assert ids[0] == "gpu_memory_utilization" and ids[-1] == "larger_gpu", ids
+        assert util_lever(card)["change"]["gpu_memory_utilization"] < 0.95
