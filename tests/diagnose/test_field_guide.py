@@ -44,7 +44,7 @@ NOT_YET: dict[str, str] = {
                     "healthy start prints too (the 'CUDA graphs can take additional 1~3 GiB ... If you are running "
                     "out of memory' hint included), so it reads as a clean start cut by the paste; the OOM is in the "
                     "reporter's words",
-    "vllm-v0p-024": "diagnosed unknown/none/None: a bare traceback tail into ipex_llm/transformers/low_bit_linear.py "
+    "vllm-v0p-024": "diagnosed runtime_oom/runtime/None (likely, low; class and phase right, engine not): a bare traceback tail into ipex_llm/transformers/low_bit_linear.py "
                     "(ipex-llm's model layers, also used without vLLM) and the XPU OOM line. Nothing names vLLM, and a "
                     "layer's forward runs in profiling and in serving alike, so neither the engine nor the phase is in "
                     "the text",
@@ -56,7 +56,7 @@ NOT_YET: dict[str, str] = {
                     "out of memory.' with no figures. The ample free memory and the 1-element tensor are only in the "
                     "user's own python -c command and its printed mem_get_info() tuple, which no engine prints, so the "
                     "text reads as an out-of-memory error",
-    "oe-009": "diagnosed unknown/none/None: one torch/_ops.py frame and torch_npu's OOM line. Nothing names SGLang (the "
+    "oe-009": "diagnosed runtime_oom/runtime/None (likely, low; class and phase right, engine not): one torch/_ops.py frame and torch_npu's OOM line. Nothing names SGLang (the "
               "same line comes from vllm-ascend or any torch_npu program), and no frame, milestone or serving line "
               "shows the phase",
     "oe-019": "diagnosed unknown/none/None: the one line is llama.cpp's LLAMA_LOG_WARN from resolve_fused_ops "
