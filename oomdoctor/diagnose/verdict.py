@@ -170,23 +170,33 @@ def _logged_stack(m: Match) -> bool:
     return m.line.level in ("DEBUG", "INFO", "WARNING") or _LOGGED_STACK.search(m.line.text) is not None
 
 
-def _traceback_complete(m: Match, keep: list[Match]) -> bool:
-    """A cut traceback's frame whose traceback is NOT cut: an exception line of the same process ends it (a
-    wrapper's own stack ending in `EngineDeadError`, an operator stop's): its frames are that error's, not a root's.
-    With a process prefix the process says which traceback a frame is in; without one, the exception line must
-    follow a run of frames that reaches back to this one (no gap longer than a frame's lines)."""
-    proc = m.line.process
-    frames = [m.n]
-    for c in keep:
-        if c.n <= m.n or c.line.process != proc or c.rule.role not in ("root", "cascade", "frame"):
-            continue
-        if c.n - frames[-1] > (FRAME_WINDOW if proc else TRACEBACK_TAIL_LINES):
-            return False
-        if _is_frame_line(c):
-            frames.append(c.n)
-        elif not (c.rule.fallback and c.rule.confidence == "low"):
-            return bool(proc) or c.n - frames[-1] <= TRACEBACK_TAIL_LINES
-    return False
+def _complete_tracebacks(keep: list[Match]) -> set[int]:
+    """The ids of the cut-traceback readings (frame lines) whose traceback is NOT cut: an exception line of the same
+    process ends it (a wrapper's own stack ending in `EngineDeadError`, an operator stop's): its frames are that
+    error's, not a root's. With a process prefix the process says which traceback a frame is in (no gap over
+    FRAME_WINDOW lines between its frames); without one, the exception line must follow a run of frames whose gaps
+    are no longer than a frame's lines. One pass per process over its matches in line order (linear: a log of
+    many tracebacks costs no more than its matches)."""
+    by_proc: dict[str, list[Match]] = {}
+    for c in sorted(keep, key=lambda c: c.n):
+        if c.rule.role in ("root", "cascade", "frame"):
+            by_proc.setdefault(c.line.process, []).append(c)
+    complete: set[int] = set()
+    for proc, ms in by_proc.items():
+        window = FRAME_WINDOW if proc else TRACEBACK_TAIL_LINES
+        pending: list[Match] = []            # the frames of the current run, undecided
+        last = 0                             # the line of the run's last frame
+        for c in ms:
+            if pending and c.n - last > window:
+                pending = []                 # the run ends with no exception line: cut
+            if _is_frame_line(c):
+                pending.append(c)
+                last = c.n
+            elif pending and not (c.rule.fallback and c.rule.confidence == "low"):
+                if proc or c.n - last <= TRACEBACK_TAIL_LINES:
+                    complete.update(id(f) for f in pending)
+                pending = []
+    return complete
 
 
 def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
@@ -199,8 +209,10 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
         # its exception line after it; or just before it when a collector exported the lines in reverse order
         return any(p == m.line.process and -REVERSED_LINES <= n - m.n <= FRAME_WINDOW for n, p in explained)
 
+    complete = _complete_tracebacks(keep)
+
     def not_a_cut_traceback(m: Match) -> bool:
-        return _is_frame_line(m) and (_logged_stack(m) or _traceback_complete(m, keep))
+        return _is_frame_line(m) and (_logged_stack(m) or id(m) in complete)
 
     return [m for m in keep if m.rule.role == "root" and not (
         m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m)))]
