@@ -8,6 +8,7 @@ block. The result is the same as the full matcher's on every line (tests/diagnos
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from sys import intern
 from typing import Any, Iterable
@@ -44,6 +45,7 @@ class LineMatcher:
     def __init__(self, rules: list[Rule], engines: list[EngineSpec], runtime: RuntimeTracker, hits: dict[str, dict]):
         self.engines, self.runtime, self.hits = engines, runtime, hits
         self.matches: list[Match] = []
+        self.base = 0            # added to the line numbers of records and pairs (a piece of a log: parallel.py)
         self.counts = {e.engine: 0 for e in engines}
         self.versions: dict[str, tuple[str, int]] = {}
         by_anchor: dict[str, list[Rule]] = {}
@@ -148,7 +150,7 @@ class LineMatcher:
 
     def _learn(self, key: bytes, rec: bytes, known: HexPlan | None = None) -> None:
         k = key.find(b":") + 1
-        n, raw = int(rec[:k - 1]), rec[k:]
+        n, raw = int(rec[:k - 1]) + self.base, rec[k:]
         line, found, detected, tried = self._match(n, raw)
         self._record(line, found)
         if known is None and self._hex_learn(key, raw, line, detected, tried):
@@ -186,10 +188,10 @@ class LineMatcher:
 
     def _slow(self, key: bytes, rec: bytes) -> None:
         k = key.find(b":") + 1
-        self.add(int(rec[:k - 1]), rec[k:])
+        self.add(int(rec[:k - 1]) + self.base, rec[k:])
 
     def _materialize(self, slot: SignalSlot, rec: bytes, k: int) -> Match | None:
-        line = parse_line(int(rec[:k - 1]), rec[k:])
+        line = parse_line(int(rec[:k - 1]) + self.base, rec[k:])
         m = slot.rule.match(line)
         if m is None:  # pragma: no cover - the shape guarantees the match
             return None
@@ -204,22 +206,26 @@ class LineMatcher:
         nums: dict[str, Any] = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
                 for x in slot.numbers if x.name in TRACKED_NUMBERS}
         ts = rec[plan.ts[0] + k:plan.ts[1] + k].decode() if plan.ts else ""
-        return Sample(int(rec[:k - 1]), ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
+        return Sample(int(rec[:k - 1]) + self.base, ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
                       nums.get("waiting_reqs"), nums.get("preemptions"))
 
     def _flush_samples(self) -> None:
-        """Each bucket's timeline takes every ``_stride``-th stats line in line order (RuntimeTracker._sample);
-        the fast lines of all shapes of a bucket wait here in that order."""
+        """Each bucket's timeline takes the first stats line of every window (RuntimeTracker._sample); the fast
+        lines of all shapes of a bucket wait here in line order, and only the ones it takes are read: the next one
+        is found by bisection on the line numbers (``next_window``)."""
+        base = self.base
         for b, recs in self._order.values():
             if not recs:
                 continue
-            seen0, n = b._seen, len(recs)
-            j = (-seen0) % b._stride
+            j, n = 0, len(recs)
             while j < n:
-                b.keep_sample(self._sample_of(recs[j]))       # may double the stride
+                start = b.next_window()
+                j = bisect_left(recs, start, j, n, key=lambda r: int(r[:r.find(b":")]) + base)
+                if j >= n:
+                    break
+                b.keep_sample(self._sample_of(recs[j]))       # may widen the window
                 j += 1
-                j += (-(seen0 + j)) % b._stride
-            b._seen = seen0 + n
+            b._seen += n
             recs.clear()
 
     def add_records(self, keys: list[bytes], recs: list[bytes]) -> None:
@@ -261,12 +267,14 @@ class LineMatcher:
             for slot in plan.signals:
                 if slot.rule.role != "serving":
                     self.hits[slot.rule.id]["count"] += len(pending)
-                fold_many(slot, pending, plan.offset, lambda rec, s=slot, k=plan.offset: self._materialize(s, rec, k))
+                fold_many(slot, pending, plan.offset, lambda rec, s=slot, k=plan.offset: self._materialize(s, rec, k),
+                          self.base)
             pending.clear()
         self._dirty.clear()
 
     def add_pairs(self, lines: Iterable[tuple[int, bytes | str]]) -> None:
-        """(line number, line) pairs, e.g. from the pure-Python scanner; bytes lines take the shape cache."""
+        """(line number, line) pairs, e.g. from the pure-Python scanner; bytes lines take the shape cache. The numbers
+        are counted from ``base``, as the records' are."""
         keys: list[bytes] = []
         recs: list[bytes] = []
         for n, raw in lines:
@@ -281,7 +289,7 @@ class LineMatcher:
             if recs:
                 self.add_records(keys, recs)
                 keys, recs = [], []
-            self.add(n, raw)
+            self.add(n + self.base, raw)
         if recs:
             self.add_records(keys, recs)
 

@@ -6,8 +6,10 @@ run with 15 preemptions by the Prometheus counter showed no such field). So the 
 - counts preemptions where a number exists (stats field, V0 warning, ``/metrics`` counter);
 - otherwise infers KV pressure from the stats lines: KV usage near 100 % while requests wait;
 - counts rejected requests (signal rules of class ``admission_rejection``).
-Samples are kept for a timeline; past ``MAX_SAMPLES`` every other one is dropped, so the
-memory used stays bounded on logs of any length.
+Samples are kept for a timeline: the first stats line of every window of ``_win`` lines (windows aligned to the
+line numbers; ``_win`` a power of two, doubled while the timeline would hold ``MAX_SAMPLES`` or more), so the
+memory used stays bounded on logs of any length, and the timeline is the same whichever way the log is cut into
+pieces (diagnose/parallel.py merges the pieces' timelines: ``merge_samples``).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class RuntimeTracker:
     def __init__(self) -> None:
         self._buckets: dict[tuple, "RuntimeTracker"] = {}
         self.samples: list[Sample] = []
-        self._stride = 1
+        self._win = 1                       # the timeline's window, in lines (a power of two)
         self._seen = 0
         self.preemption_events = 0          # from per-interval fields / warnings
         self.preemption_cumulative: int | None = None
@@ -65,26 +67,35 @@ class RuntimeTracker:
         chosen = [b for (eng, vers), b in self._buckets.items() if keep(eng, vers)]
         self._buckets = {}
         for b in chosen:
-            self.preemption_events += b.preemption_events
-            if b.preemption_cumulative is not None:
-                self.preemption_cumulative = max(self.preemption_cumulative or 0, b.preemption_cumulative)
-            self.rejection_count += b.rejection_count
-            self.rejections = sorted(self.rejections + b.rejections, key=lambda r: r.n)[:20]
-            self.pressure_samples += b.pressure_samples
-            if b.first_pressure is not None:
-                self.first_pressure = min(self.first_pressure or b.first_pressure, b.first_pressure)
-            if b.max_kv_usage is not None:
-                self.max_kv_usage = max(self.max_kv_usage or 0.0, b.max_kv_usage)
-            if b.max_waiting is not None:
-                self.max_waiting = max(self.max_waiting or 0, b.max_waiting)
-            self._seen += b._seen
-            if b.first_serving is not None and (self.first_serving is None or b.first_serving < self.first_serving):
-                self.first_serving = b.first_serving
-            self.samples = sorted(self.samples + b.samples, key=lambda x: x.line)
-            self._stride = max(self._stride, b._stride)
-        while len(self.samples) >= MAX_SAMPLES:
-            self.samples = self.samples[::2]
-            self._stride *= 2
+            self._merge(b)
+
+    def absorb(self, other: "RuntimeTracker") -> None:
+        """Another tracker's buckets into this one's, bucket by bucket: what one tracker over both trackers' lines
+        would hold (the lines of the two are distinct: diagnose/parallel.py's pieces)."""
+        for key, b in other._buckets.items():
+            mine = self._buckets.get(key)
+            if mine is None:
+                self._buckets[key] = b
+            else:
+                mine._merge(b)
+
+    def _merge(self, b: "RuntimeTracker") -> None:
+        self.preemption_events += b.preemption_events
+        if b.preemption_cumulative is not None:
+            self.preemption_cumulative = max(self.preemption_cumulative or 0, b.preemption_cumulative)
+        self.rejection_count += b.rejection_count
+        self.rejections = sorted(self.rejections + b.rejections, key=lambda r: r.n)[:20]
+        self.pressure_samples += b.pressure_samples
+        if b.first_pressure is not None:
+            self.first_pressure = min(self.first_pressure or b.first_pressure, b.first_pressure)
+        if b.max_kv_usage is not None:
+            self.max_kv_usage = max(self.max_kv_usage or 0.0, b.max_kv_usage)
+        if b.max_waiting is not None:
+            self.max_waiting = max(self.max_waiting or 0, b.max_waiting)
+        self._seen += b._seen
+        if b.first_serving is not None and (self.first_serving is None or b.first_serving < self.first_serving):
+            self.first_serving = b.first_serving
+        self.samples, self._win = merge_samples([(self.samples, self._win), (b.samples, b._win)])
 
     def _fold(self, m) -> None:
         # a serving line, a stats line or a rejected request: the engine was serving from this line on
@@ -120,19 +131,20 @@ class RuntimeTracker:
                     self.first_pressure = s.line
         if s.waiting is not None:
             self.max_waiting = max(self.max_waiting or 0, s.waiting)
-        if self.count_sample():
+        self._seen += 1
+        if s.line >= self.next_window():
             self.keep_sample(s)
 
-    def count_sample(self) -> bool:
-        """One more stats line in this bucket: True when the timeline keeps it (every ``_stride``-th one)."""
-        self._seen += 1
-        return not (self._seen - 1) % self._stride
+    def next_window(self) -> int:
+        """The first line number the timeline takes a sample from next (stats lines come in line order): the start
+        of the window after the last sample's."""
+        return (self.samples[-1].line // self._win + 1) * self._win if self.samples else 0
 
     def keep_sample(self, s: Sample) -> None:
+        """``s``: the first stats line of its window (``next_window`` <= s.line)."""
         self.samples.append(s)
         if len(self.samples) >= MAX_SAMPLES:
-            self.samples = self.samples[::2]
-            self._stride *= 2
+            self.samples, self._win = coarsen(self.samples, self._win)
 
     def bucket(self, rule) -> "RuntimeTracker":
         """The bucket signal matches of ``rule`` fold into (one per engine and rule versions)."""
@@ -235,6 +247,36 @@ class RuntimeTracker:
         }
 
 
+def first_per_window(samples: list[Sample], win: int) -> list[Sample]:
+    """The first sample of every window of ``win`` lines (``samples`` in line order)."""
+    out: list[Sample] = []
+    last = -1
+    for s in samples:
+        w = s.line // win
+        if w != last:
+            out.append(s)
+            last = w
+    return out
+
+
+def coarsen(samples: list[Sample], win: int) -> tuple[list[Sample], int]:
+    """Double the window until fewer than MAX_SAMPLES windows hold a sample."""
+    while len(samples) >= MAX_SAMPLES:
+        win *= 2
+        samples = first_per_window(samples, win)
+    return samples, win
+
+
+def merge_samples(parts: Sequence[tuple[list[Sample], int]]) -> tuple[list[Sample], int]:
+    """One timeline of several (samples, window) timelines, each the first stats line per window of its lines:
+    the same as one tracker would keep over all their lines. Each part's window is at most the merged one (a part
+    has no more non-empty windows than the whole), and the first line of a coarse window is the first of one of
+    its finer windows, so it is in the parts' samples."""
+    win = max((w for _, w in parts), default=1)
+    merged = sorted((s for ss, _ in parts for s in ss), key=lambda x: x.line)
+    return coarsen(first_per_window(merged, win), win)
+
+
 # ----------------------------------------------------------------------------- the shapes' bulk fold
 _INT_UNITS = ("int", "tokens", "count")
 
@@ -274,16 +316,16 @@ class _Lazy:
 TRACKED_NUMBERS = ("preemptions_cumulative", "preemptions", "kv_usage_percent", "running_reqs", "waiting_reqs")
 
 
-def _fold_rejections(b: RuntimeTracker, recs: list[bytes], offset: int, materialize: Callable) -> None:
+def _fold_rejections(b: RuntimeTracker, recs: list[bytes], offset: int, materialize: Callable, base: int) -> None:
     b.rejection_count += len(recs)
-    first = int(recs[0][:offset - 1])
+    first = int(recs[0][:offset - 1]) + base
     if len(b.rejections) >= 20 and max(r.n for r in b.rejections) < first:
         return
     new = [materialize(r) for r in recs[:20]]
     b.rejections = sorted(b.rejections + [m for m in new if m is not None], key=lambda m: m.n)[:20]
 
 
-def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes], offset: int) -> None:
+def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes], offset: int, base: int) -> None:
     kv_max = kv.max() if kv.present else None
     w_max = waiting.max() if waiting.present else None
     if kv_max is not None:
@@ -300,20 +342,21 @@ def _fold_stats(b: RuntimeTracker, kv: _Lazy, waiting: _Lazy, recs: list[bytes],
         hot = [i for i, (k, q) in enumerate(zip(kv.values(), waiting.values())) if k >= KV_PRESSURE_PERCENT and q > 0]
     if hot:
         b.pressure_samples += len(hot)
-        n = int(recs[hot[0]][:offset - 1])
+        n = int(recs[hot[0]][:offset - 1]) + base
         if b.first_pressure is None or n < b.first_pressure:
             b.first_pressure = n
 
 
-def fold_many(slot, recs: list[bytes], offset: int, materialize: Callable) -> None:
+def fold_many(slot, recs: list[bytes], offset: int, materialize: Callable, base: int = 0) -> None:
     """Fold the lines ``recs`` (grep records ``N:line`` of one shape, ``offset`` bytes of prefix) into ``slot.bucket``
     as ``RuntimeTracker._fold`` would fold each one's match, except the timeline samples, which the matcher takes
-    line by line (their order across shapes matters). ``materialize(rec)`` gives a record's full Match."""
+    line by line (their order across shapes matters). ``materialize(rec)`` gives a record's full Match; ``base`` is
+added to the records' line numbers."""
     b = slot.bucket
     if slot.rule.role == "serving":      # serving evidence: its first line (the shape's first, matched in full) is kept
         return
     if slot.rule.klass == "admission_rejection":
-        _fold_rejections(b, recs, offset, materialize)
+        _fold_rejections(b, recs, offset, materialize, base)
         return
     names = {x.name for x in slot.numbers}
     if "preemptions_cumulative" in names:
@@ -323,7 +366,7 @@ def fold_many(slot, recs: list[bytes], offset: int, materialize: Callable) -> No
         b.preemption_events += sum(int(v) for v in _Lazy(slot, recs, offset, "preemptions").values())
     if "kv_usage_percent" in names or "running_reqs" in names:
         _fold_stats(b, _Lazy(slot, recs, offset, "kv_usage_percent"), _Lazy(slot, recs, offset, "waiting_reqs"),
-                    recs, offset)
+                    recs, offset, base)
     elif "preemptions" not in names and "preemptions_cumulative" not in names:
         b.preemption_events += len(recs)
         b.preemption_cumulative = max(b.preemption_cumulative or 0, b.preemption_events)
