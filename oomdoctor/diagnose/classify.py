@@ -27,7 +27,8 @@ from oomdoctor.diagnose.match import Match, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.scan import scan_blocks
+from oomdoctor.diagnose.parallel import Matched, jobs_for, scan_and_match
+from oomdoctor.diagnose.scan import _grep_for, scan_blocks
 
 __all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
            "select_root"]
@@ -165,6 +166,14 @@ def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: Ru
     runtime = RuntimeTracker()
     hits: dict[str, dict] = {}
     matches, counts, versions = match_lines(lines, ruleset.rules, list(ruleset.engines.values()), runtime, hits)
+    return diagnose_matched(Matched(matches, counts, versions, runtime, hits), ruleset, source, engine=engine,
+                            engine_version=engine_version, metrics_text=metrics_text)
+
+
+def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engine: str | None = None,
+                     engine_version: str | None = None, metrics_text: str | None = None) -> Diagnosis:
+    """The diagnosis of what the matcher found (one process: ``diagnose_lines``; several: parallel.py)."""
+    matches, counts, versions, runtime, hits = found.matches, found.counts, found.versions, found.runtime, found.hits
     eng = choose_engine(ruleset, counts, versions, engine) or engine_of_hits(ruleset, hits)
     notes: list[str] = []
     ver, ver_line, rver, caveat = engine_version_of(ruleset, eng, versions, engine_version)
@@ -296,5 +305,13 @@ def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None,
     """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None."""
     info = SourceInfo(str(path))
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
+    if scanner != "python":
+        grep = _grep_for(list(anchors), scanner, path)
+        jobs = jobs_for(path, grep, anchors)
+        if jobs >= 2 and grep is not None:
+            found = scan_and_match(path, anchors, info, ruleset.rules, list(ruleset.engines.values()), grep, jobs,
+                                   progress)
+            return diagnose_matched(found, ruleset, info, engine=engine, engine_version=engine_version,
+                                    metrics_text=metrics_text)
     lines = scan_blocks(path, anchors, info, engine=scanner, progress=progress)
     return diagnose_lines(lines, ruleset, info, engine=engine, engine_version=engine_version, metrics_text=metrics_text)

@@ -61,8 +61,9 @@ class _Tally:
         return self.lines, self.cut_lines
 
 
-def _read_plain(path: Path, out: dict) -> None:
-    """Thread: sha256, size, line count and over-long lines of a plain file (grep reads it itself)."""
+def _read_plain(path: Path, out: dict, sink: Any = None) -> None:
+    """Thread: sha256, size, line count and over-long lines of a plain file (grep reads it itself; or, with
+    ``sink``, the bytes are written to it as they are read: parallel.Dispatcher)."""
     try:
         h = hashlib.sha256()
         tally = out["tally"] = _Tally()         # read by the progress line while it counts
@@ -73,11 +74,21 @@ def _read_plain(path: Path, out: dict) -> None:
                     break
                 h.update(buf)          # releases the GIL
                 tally.feed(buf)
+                if sink is not None:
+                    sink.write(buf)
         out["sha256"] = h.hexdigest()
         out["size"] = tally.offset
         out["lines"], out["cut_lines"] = tally.finish()
+    except BrokenPipeError as e:               # a worker went away (it reports why)
+        out["quiet_error"] = str(e)
     except OSError as e:  # pragma: no cover - the file vanished mid-read
         out["error"] = f"cannot be read ({e.strerror or e})"
+    finally:
+        if sink is not None:
+            try:
+                sink.close()
+            except OSError:
+                pass
 
 
 def _feed_compressed(path: Path, sink, out: dict, chunks: Callable, what: str) -> None:

@@ -1,0 +1,430 @@
+"""Stages 1b and 3 on several cores: a large log cut into pieces at line starts, each piece grepped and matched
+in a worker process, and the workers' results merged into exactly what one LineMatcher over the whole log gives.
+
+- main process, side thread (feed.py's reader or decompressor): reads the log, hashes and counts it as the
+  one-process scanner does, and hands the stream to a :class:`Dispatcher`, which cuts it into pieces of about
+  ``PIECE`` bytes ending at a newline and sends each one, with the number of its first line, to the worker whose
+  pipe holds the least (a line longer than a piece stays with one worker: continuation frames);
+- worker processes (forked once the rules are loaded, before any thread starts): each runs one grep (the
+  scanner's command) over everything it is sent, and grep's records through a LineMatcher whose ``base`` turns
+  the worker's own line numbers into the log's (the records are cut at the pieces' boundaries);
+- main thread: waits for the workers' results (showing progress) and merges them: matches in line order,
+  detection counts summed, each engine's first version line, each rule's first hit and its count, the runtime
+  buckets (RuntimeTracker.absorb: the timeline is defined per window of line numbers, so it merges exactly).
+tests/diagnose/test_parallel.py checks that the result equals the one-process path on every fixture, cut into
+tiny pieces. Used for logs of ``PARALLEL_MIN_BYTES`` or more (compressed: as stored) on Linux with three or more
+usable cores, when grep does the scanning; ``OOMDOCTOR_JOBS=N`` sets the number of workers (``1``: one process).
+"""
+from __future__ import annotations
+
+import array
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd
+from oomdoctor.diagnose.match import MAX_STORED_MATCHES, LineMatcher, Match
+from oomdoctor.diagnose.progress import Progress
+from oomdoctor.diagnose.read import SourceInfo, probe
+from oomdoctor.diagnose.rules import EngineSpec, Rule
+from oomdoctor.diagnose.scan import LazyAnchors, _ere, _grep_blocks
+from oomdoctor.diagnose.signals import RuntimeTracker
+from oomdoctor.errors import BadInput
+
+try:                                    # POSIX only; elsewhere jobs_for says 0 and this module is not used
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - Windows
+    fcntl = termios = None  # type: ignore[assignment]
+
+PARALLEL_MIN_BYTES = 64 << 20
+MAX_JOBS = 8
+PIECE = 1 << 20                 # at most a pipe's capacity: a piece is written to the least-filled worker at once
+_HEAD = struct.Struct("<qqq")   # first line of a new piece (or -1: the same line goes on), byte length, newlines
+_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032
+
+
+def jobs_for(path: str | os.PathLike, grep: str | None, anchors: Iterable[bytes]) -> int:
+    """How many workers diagnose should use on ``path`` (0 or 1: the one-process path): only where grep scans
+    (``scan._grep_for``), there is something to grep for, os.fork exists (Linux) and no thread runs yet."""
+    env = os.environ.get("OOMDOCTOR_JOBS", "").strip()
+    if grep is None or fcntl is None or not hasattr(os, "fork") or not sys.platform.startswith("linux") or \
+            threading.active_count() > 1 or not any(a and b"\n" not in a for a in anchors):
+        return 0
+    if env:
+        try:
+            return max(0, min(int(env), 64))
+        except ValueError:
+            raise BadInput(f"OOMDOCTOR_JOBS={env!r}: not a number of workers")
+    try:
+        size = os.stat(path).st_size
+        cores = len(os.sched_getaffinity(0))
+    except OSError:
+        return 0
+    if size < PARALLEL_MIN_BYTES or cores < 3:
+        return 0
+    return min(cores - 1, MAX_JOBS)
+
+
+# ----------------------------------------------------------------------------- the main side: cutting and sending
+class Dispatcher:
+    """A byte stream cut into pieces at newlines and sent to the workers' pipes (``write``/``close``, as feed.py
+    writes to grep's stdin). Frames: ``_HEAD`` (first line, length, newlines) then the bytes."""
+
+    def __init__(self, fds: list[int], piece: int = PIECE) -> None:
+        self.fds, self.piece = fds, piece
+        self.carry = b""
+        self.lines = 0                    # newlines sent so far
+        self.long: int | None = None      # the worker a line longer than a piece is going to
+        self._n = array.array("i", [0])
+
+    def _least(self) -> int:
+        best, fill = self.fds[0], None
+        for fd in self.fds:
+            fcntl.ioctl(fd, termios.FIONREAD, self._n)
+            if fill is None or self._n[0] < fill:
+                best, fill = fd, self._n[0]
+        return best
+
+    @staticmethod
+    def _send(fd: int, first: int, data: memoryview, newlines: int) -> None:
+        head = memoryview(_HEAD.pack(first, len(data), newlines))
+        for view in (head, data):
+            while view:
+                view = view[os.write(fd, view):]
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = len(data)
+        buf = self.carry + data if self.carry else bytes(data)
+        view, pos, end = memoryview(buf), 0, len(buf)
+        while True:
+            if self.long is not None:                       # inside an over-long line: to the same worker
+                nl = buf.find(b"\n", pos)
+                stop = end if nl < 0 else nl + 1
+                self._send(self.long, -1, view[pos:stop], 0 if nl < 0 else 1)
+                pos = stop
+                if nl < 0:
+                    break
+                self.lines += 1
+                self.long = None
+                continue
+            if end - pos < self.piece:
+                break
+            cut = buf.rfind(b"\n", pos, pos + self.piece)
+            fd = self._least()
+            if cut < 0:                                     # a line longer than a piece starts here
+                self._send(fd, self.lines + 1, view[pos:pos + self.piece], 0)
+                self.long, pos = fd, pos + self.piece
+                continue
+            k = buf.count(b"\n", pos, cut + 1)
+            self._send(fd, self.lines + 1, view[pos:cut + 1], k)
+            self.lines += k
+            pos = cut + 1
+        self.carry = buf[pos:]
+        return n
+
+    def close(self) -> None:
+        try:
+            if self.carry:
+                k = self.carry.count(b"\n")
+                fd = self.long if self.long is not None else self._least()
+                self._send(fd, -1 if self.long is not None else self.lines + 1, memoryview(self.carry), k)
+                self.lines += k
+                self.carry = b""
+        finally:
+            for fd in self.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.fds = []
+
+
+# ----------------------------------------------------------------------------- the worker side
+def _read_exact(fd: int, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        b = os.read(fd, n - got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def _forward(fd: int, stdin: Any, starts: list[int], bases: list[int], err: list[str]) -> None:
+    """Worker thread: the frames from the main process into grep's stdin; each new piece's (first local line,
+    base) is recorded before its bytes reach grep, so the records grep gives back always find their piece."""
+    local = 0                                   # newlines forwarded
+    out = stdin.fileno()
+    try:
+        while True:
+            head = _read_exact(fd, _HEAD.size)
+            if len(head) < _HEAD.size:
+                break
+            first, length, newlines = _HEAD.unpack(head)
+            if first >= 0:
+                starts.append(local + 1)
+                bases.append(first - (local + 1))
+            left = length
+            while left:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    raise EOFError("the main process stopped mid-piece")
+                left -= len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            local += newlines
+    except (OSError, EOFError) as e:
+        err.append(str(e))
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+
+def _record_no(rec: bytes) -> int:
+    return int(rec[:rec.find(b":")])
+
+
+def _feed_block(lm: LineMatcher, block: bytes, starts: list[int], bases: list[int]) -> None:
+    """grep -n records of this worker, cut where a piece begins, each run with its piece's base."""
+    first = bisect_right(starts, _record_no(block)) - 1
+    tail = block.rfind(b"\n") + 1
+    last = bisect_right(starts, _record_no(block[tail:])) - 1
+    if first == last:
+        lm.base = bases[first]
+        lm.add_block(block)
+        return
+    recs = block.split(b"\n")
+    lo = 0
+    for i in range(first, last + 1):
+        hi = len(recs) if i == last else bisect_right(recs, starts[i + 1] - 1, lo, key=_record_no)
+        if hi > lo:
+            lm.base = bases[i]
+            lm.add_block(b"\n".join(recs[lo:hi]))
+        lo = hi
+
+
+def _wire(m: Match) -> Match:
+    m.rule = m.rule.id  # type: ignore[assignment]   # rules go back by id (the main process has the same ones)
+    return m
+
+
+def _worker(data_fd: int, result_fd: int, cmd: list[str], env: dict, anchors: list[bytes], rules: list[Rule],
+            engines: list[EngineSpec]) -> None:
+    out: dict[str, Any] = {}
+    try:
+        runtime = RuntimeTracker()
+        hits: dict[str, dict] = {}
+        lm = LineMatcher(rules, engines, runtime, hits)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIECE)
+        except OSError:  # pragma: no cover - a pipe size limit
+            pass
+        starts: list[int] = []
+        bases: list[int] = []
+        err: list[str] = []
+        feeder = threading.Thread(target=_forward, args=(data_fd, proc.stdin, starts, bases, err), daemon=True)
+        feeder.start()
+        rx = LazyAnchors(anchors)
+        for item in _grep_blocks(proc.stdout, rx):
+            if isinstance(item, tuple):
+                lm.base = bases[bisect_right(starts, item[0]) - 1]
+                lm.add_pairs([item])
+            else:
+                _feed_block(lm, item, starts, bases)
+        proc.wait()
+        feeder.join()
+        if proc.returncode not in (0, 1):
+            raise BadInput(f"cannot be scanned ({proc.stderr.read().decode(errors='replace').strip() or 'grep exit ' + str(proc.returncode)})")
+        if err:
+            raise BadInput(f"cannot be scanned ({err[0]})")
+        for b in runtime._buckets.values():
+            b.rejections = [_wire(m) for m in b.rejections]
+        out = {"matches": [_wire(m) for m in lm.matches], "counts": lm.counts, "versions": lm.versions,
+               "hits": hits, "runtime": runtime}
+    except BadInput as e:
+        out = {"error": str(e)}
+    except Exception as e:  # pragma: no cover - a bug: reported, not hidden
+        out = {"error": f"internal error in a scan worker: {type(e).__name__}: {e}"}
+    data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(result_fd, view):]
+
+
+# ----------------------------------------------------------------------------- merging
+@dataclass
+class Matched:
+    """What the matcher found: the input of classify.diagnose_matched."""
+    matches: list[Match]
+    counts: dict[str, int]
+    versions: dict[str, tuple[str, int]]
+    runtime: RuntimeTracker
+    hits: dict[str, dict] = field(default_factory=dict)
+
+
+def merge(parts: list[dict], rules: dict[str, Rule], engines: Iterable[str]) -> Matched:
+    """The workers' results as one matcher's (see the module's docstring)."""
+    def unwire(m: Match) -> Match:
+        m.rule = rules[m.rule]  # type: ignore[index]
+        return m
+
+    matches = sorted((unwire(m) for p in parts for m in p["matches"]), key=lambda m: m.line.n)[:MAX_STORED_MATCHES]
+    counts = {e: 0 for e in engines}
+    versions: dict[str, tuple[str, int]] = {}
+    hits: dict[str, dict] = {}
+    runtime = RuntimeTracker()
+    for p in parts:
+        for e, c in p["counts"].items():
+            counts[e] = counts.get(e, 0) + c
+        for e, v in p["versions"].items():
+            if e not in versions or v[1] < versions[e][1]:
+                versions[e] = v
+        for rid, h in p["hits"].items():
+            mine = hits.get(rid)
+            if mine is None:
+                hits[rid] = dict(h)
+                continue
+            count = 1 if rules[rid].role == "serving" else mine["count"] + h["count"]
+            if h["line"] < mine["line"]:
+                mine.update(h)
+            mine["count"] = count
+        for b in p["runtime"]._buckets.values():
+            b.rejections = [unwire(m) for m in b.rejections]
+        runtime.absorb(p["runtime"])
+    return Matched(matches, counts, versions, runtime, hits)
+
+
+# ----------------------------------------------------------------------------- running it
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, rules: list[Rule],
+                   engines: list[EngineSpec], grep: str, jobs: int, progress: Progress | None = None,
+                   piece: int | None = None) -> Matched:
+    """The parallel scan and match of ``path`` with ``jobs`` workers; fills ``info`` as scan.scan_blocks does."""
+    path = Path(path)
+    gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
+    info.compressed = bool(gz)
+    feeder = gz if callable(gz) else (_feed_gzip if gz else None)
+    anchors = sorted({a for a in anchors if a})
+    grep_anchors = [a for a in anchors if b"\n" not in a]
+    env = dict(os.environ, LC_ALL="C")
+    env.pop("GREP_OPTIONS", None)
+    with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
+        tf.write(_ere(grep_anchors) + b"\n")
+        pattern_file = tf.name
+    cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
+    pids: list[int] = []
+    data_w: list[int] = []
+    result_r: list[int] = []
+    side: dict = {}
+    thread: threading.Thread | None = None
+    try:
+        pipes = [(os.pipe(), os.pipe()) for _ in range(jobs)]
+        for i, ((dr, dw), (rr, rw)) in enumerate(pipes):
+            try:
+                fcntl.fcntl(dw, _F_SETPIPE_SZ, PIECE)
+            except OSError:  # pragma: no cover - a pipe size limit
+                pass
+            pid = os.fork()
+            if pid == 0:                                     # the worker: only its own two ends stay open
+                code = 0
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the main process decides on ^C
+                    for j, ((dr2, dw2), (rr2, rw2)) in enumerate(pipes):
+                        _close(dw2, rr2)
+                        if j != i:
+                            _close(dr2, rw2)
+                    _worker(dr, rw, cmd, env, grep_anchors, rules, engines)
+                except BaseException:  # pragma: no cover - nothing may escape a forked child
+                    code = 1
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+            _close(dr, rw)
+            data_w.append(dw)
+            result_r.append(rr)
+        piece = min(piece or PIECE, fcntl.fcntl(data_w[0], _F_GETPIPE_SZ))
+        sink = Dispatcher(list(data_w), piece)
+        data_w = []                                           # the dispatcher closes them
+        if feeder is None:
+            thread = threading.Thread(target=_read_plain, args=(path, side, sink), daemon=True)
+        else:
+            thread = threading.Thread(target=feeder, args=(path, sink, side), daemon=True)
+        thread.start()
+        parts = _collect(result_r, side, progress)
+        thread.join()
+        if progress is not None:
+            tally = side.get("tally")
+            progress.done(tally.offset if tally is not None else 0, side.get("lines", 0))
+        if "error" in side:
+            raise BadInput(f"{path}: {side['error']}")
+        for p in parts:
+            if "error" in p:
+                raise BadInput(f"{path}: {p['error']}")
+        return merge(parts, {r.id: r for r in rules}, [e.engine for e in engines])
+    finally:
+        _close(*data_w, *result_r)
+        for pid in pids:                          # done (results read) or not: none outlives the call
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        if thread is not None:
+            thread.join()
+        os.unlink(pattern_file)
+        info.sha256 = side.get("sha256", "")
+        info.size_bytes = side.get("size", 0)
+        info.lines = side.get("lines", 0)
+        info.cut_lines = list(side.get("cut_lines", []))
+
+
+def _collect(fds: list[int], side: dict, progress: Progress | None) -> list[dict]:
+    """Every worker's pickled result (read as it comes, all at once: a worker blocks on a full pipe)."""
+    bufs: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    open_fds = list(fds)
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [], 0.25)
+        for fd in ready:
+            b = os.read(fd, 1 << 20)
+            if b:
+                bufs[fd].append(b)
+            else:
+                open_fds.remove(fd)
+        if progress is not None and "tally" in side:
+            progress.update(side["tally"].offset, side["tally"].lines)
+    parts = []
+    for fd in fds:
+        data = b"".join(bufs[fd])
+        if not data:
+            parts.append({"error": "a scan worker stopped without a result"})
+            continue
+        parts.append(pickle.loads(data))  # noqa: S301 - our own forked child's bytes, over a private pipe
+    return parts
