@@ -4,10 +4,13 @@ in a worker process, and the workers' results merged into exactly what one LineM
 - main process, side thread (feed.py's reader or decompressor): reads the log, hashes and counts it as the
   one-process scanner does, and hands the stream to a :class:`Dispatcher`, which cuts it into pieces of about
   ``PIECE`` bytes ending at a newline and sends each one, with the number of its first line, to the worker whose
-  pipe holds the least (a line longer than a piece stays with one worker: continuation frames);
-- worker processes (forked once the rules are loaded, before any thread starts): each runs one grep (the
-  scanner's command) over everything it is sent, and grep's records through a LineMatcher whose ``base`` turns
-  the worker's own line numbers into the log's (the records are cut at the pieces' boundaries);
+  pipe holds the least (a line longer than a piece stays with one worker: continuation frames). A plain file's
+  piece goes as (offset, length) only, and the worker has the kernel copy it from the file into grep's stdin
+  (``os.sendfile``); a decompressed piece goes through the pipe (and on with ``os.splice``);
+- worker processes (forked once the rules are loaded, before any thread starts; ``gc.freeze`` first, so that the
+  rules' pages stay shared): each runs one grep (the scanner's command) over everything it is sent, and grep's
+  records through a LineMatcher whose ``base`` turns the worker's own line numbers into the log's (the records
+  are cut at the pieces' boundaries);
 - main thread: waits for the workers' results (showing progress) and merges them: matches in line order,
   detection counts summed, each engine's first version line, each rule's first hit and its count, the runtime
   buckets (RuntimeTracker.absorb: the timeline is defined per window of line numbers, so it merges exactly).
@@ -18,6 +21,8 @@ usable cores, when grep does the scanning; ``OOMDOCTOR_JOBS=N`` sets the number 
 from __future__ import annotations
 
 import array
+import errno
+import gc
 import os
 import pickle
 import select
@@ -47,10 +52,14 @@ try:                                    # POSIX only; elsewhere jobs_for says 0 
 except ImportError:  # pragma: no cover - Windows
     fcntl = termios = None  # type: ignore[assignment]
 
-PARALLEL_MIN_BYTES = 64 << 20
+PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of it, as stored
 MAX_JOBS = 8
 PIECE = 1 << 20                 # at most a pipe's capacity: a piece is written to the least-filled worker at once
-_HEAD = struct.Struct("<qqq")   # first line of a new piece (or -1: the same line goes on), byte length, newlines
+FILE_PIECE = 4 << 20            # a plain file's piece (sent as an offset)
+WORKER_BLOCK = 1 << 20          # grep records a worker hands its matcher at once (the one-process path: 4 MiB)
+# first line of a new piece (or -1: the same line goes on), offset in the file (or -1: the bytes follow), byte
+# length, newlines
+_HEAD = struct.Struct("<qqqq")
 _F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032
 
 
@@ -71,7 +80,9 @@ def jobs_for(path: str | os.PathLike, grep: str | None, anchors: Iterable[bytes]
         cores = len(os.sched_getaffinity(0))
     except OSError:
         return 0
-    if size < PARALLEL_MIN_BYTES or cores < 3:
+    if size < PARALLEL_MIN_BYTES // 8 or cores < 3:
+        return 0
+    if size < PARALLEL_MIN_BYTES and not (is_zstd(Path(path)) or probe(Path(path))[0]):
         return 0
     return min(cores - 1, MAX_JOBS)
 
@@ -79,11 +90,13 @@ def jobs_for(path: str | os.PathLike, grep: str | None, anchors: Iterable[bytes]
 # ----------------------------------------------------------------------------- the main side: cutting and sending
 class Dispatcher:
     """A byte stream cut into pieces at newlines and sent to the workers' pipes (``write``/``close``, as feed.py
-    writes to grep's stdin). Frames: ``_HEAD`` (first line, length, newlines) then the bytes."""
+    writes to grep's stdin). Frames: ``_HEAD`` (first line, offset, length, newlines), then the bytes unless
+    ``by_offset`` (the stream is the file the workers read themselves: offsets only)."""
 
-    def __init__(self, fds: list[int], piece: int = PIECE) -> None:
-        self.fds, self.piece = fds, piece
+    def __init__(self, fds: list[int], piece: int = PIECE, by_offset: bool = False) -> None:
+        self.fds, self.piece, self.by_offset = fds, piece, by_offset
         self.carry = b""
+        self.offset = 0                   # of the carry's first byte in the stream
         self.lines = 0                    # newlines sent so far
         self.long: int | None = None      # the worker a line longer than a piece is going to
         self._n = array.array("i", [0])
@@ -96,22 +109,22 @@ class Dispatcher:
                 best, fill = fd, self._n[0]
         return best
 
-    @staticmethod
-    def _send(fd: int, first: int, data: memoryview, newlines: int) -> None:
-        head = memoryview(_HEAD.pack(first, len(data), newlines))
-        for view in (head, data):
+    def _send(self, fd: int, first: int, data: memoryview, newlines: int, at: int) -> None:
+        """``data``: the piece's bytes, at ``at`` in the stream."""
+        head = memoryview(_HEAD.pack(first, at if self.by_offset else -1, len(data), newlines))
+        for view in ((head,) if self.by_offset else (head, data)):
             while view:
                 view = view[os.write(fd, view):]
 
     def write(self, data: bytes | memoryview) -> int:
         n = len(data)
         buf = self.carry + data if self.carry else bytes(data)
-        view, pos, end = memoryview(buf), 0, len(buf)
+        view, pos, end, at = memoryview(buf), 0, len(buf), self.offset
         while True:
             if self.long is not None:                       # inside an over-long line: to the same worker
                 nl = buf.find(b"\n", pos)
                 stop = end if nl < 0 else nl + 1
-                self._send(self.long, -1, view[pos:stop], 0 if nl < 0 else 1)
+                self._send(self.long, -1, view[pos:stop], 0 if nl < 0 else 1, at + pos)
                 pos = stop
                 if nl < 0:
                     break
@@ -123,14 +136,15 @@ class Dispatcher:
             cut = buf.rfind(b"\n", pos, pos + self.piece)
             fd = self._least()
             if cut < 0:                                     # a line longer than a piece starts here
-                self._send(fd, self.lines + 1, view[pos:pos + self.piece], 0)
+                self._send(fd, self.lines + 1, view[pos:pos + self.piece], 0, at + pos)
                 self.long, pos = fd, pos + self.piece
                 continue
             k = buf.count(b"\n", pos, cut + 1)
-            self._send(fd, self.lines + 1, view[pos:cut + 1], k)
+            self._send(fd, self.lines + 1, view[pos:cut + 1], k, at + pos)
             self.lines += k
             pos = cut + 1
         self.carry = buf[pos:]
+        self.offset = at + pos
         return n
 
     def close(self) -> None:
@@ -138,7 +152,8 @@ class Dispatcher:
             if self.carry:
                 k = self.carry.count(b"\n")
                 fd = self.long if self.long is not None else self._least()
-                self._send(fd, -1 if self.long is not None else self.lines + 1, memoryview(self.carry), k)
+                self._send(fd, -1 if self.long is not None else self.lines + 1, memoryview(self.carry), k,
+                           self.offset)
                 self.lines += k
                 self.carry = b""
         finally:
@@ -162,33 +177,82 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _forward(fd: int, stdin: Any, starts: list[int], bases: list[int], err: list[str]) -> None:
+def _copy_file(src: int, out: int, offset: int, length: int) -> None:
+    """``length`` bytes of the file ``src`` at ``offset`` into the pipe ``out``: by the kernel where it can."""
+    try:
+        while length:
+            sent = os.sendfile(out, src, offset, length)
+            if sent == 0:
+                raise EOFError("the log got shorter while it was read")
+            offset, length = offset + sent, length - sent
+        return
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while length:                                         # pragma: no cover - a file system without sendfile
+        chunk = os.pread(src, min(length, 1 << 20), offset)
+        if not chunk:
+            raise EOFError("the log got shorter while it was read")
+        offset, length = offset + len(chunk), length - len(chunk)
+        _write_all(out, chunk)
+
+
+def _write_all(out: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(out, view):]
+
+
+def _copy_pipe(src: int, out: int, length: int) -> None:
+    """``length`` bytes from the pipe ``src`` into the pipe ``out``: spliced where the kernel can."""
+    splice = getattr(os, "splice", None)
+    while length:
+        if splice is not None:
+            try:
+                moved = splice(src, out, length)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                splice = None
+                continue
+            if moved == 0:
+                raise EOFError("the main process stopped mid-piece")
+            length -= moved
+            continue
+        chunk = os.read(src, min(length, 1 << 20))
+        if not chunk:
+            raise EOFError("the main process stopped mid-piece")
+        length -= len(chunk)
+        _write_all(out, chunk)
+
+
+def _forward(fd: int, stdin: Any, path: Path, starts: list[int], bases: list[int], err: list[str]) -> None:
     """Worker thread: the frames from the main process into grep's stdin; each new piece's (first local line,
     base) is recorded before its bytes reach grep, so the records grep gives back always find their piece."""
     local = 0                                   # newlines forwarded
     out = stdin.fileno()
+    src = -1
     try:
         while True:
             head = _read_exact(fd, _HEAD.size)
             if len(head) < _HEAD.size:
                 break
-            first, length, newlines = _HEAD.unpack(head)
+            first, offset, length, newlines = _HEAD.unpack(head)
             if first >= 0:
                 starts.append(local + 1)
                 bases.append(first - (local + 1))
-            left = length
-            while left:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    raise EOFError("the main process stopped mid-piece")
-                left -= len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view):]
+            if offset >= 0:
+                if src < 0:
+                    src = os.open(path, os.O_RDONLY)
+                _copy_file(src, out, offset, length)
+            else:
+                _copy_pipe(fd, out, length)
             local += newlines
     except (OSError, EOFError) as e:
         err.append(str(e))
     finally:
+        if src >= 0:
+            os.close(src)
         try:
             stdin.close()
         except OSError:
@@ -223,8 +287,8 @@ def _wire(m: Match) -> Match:
     return m
 
 
-def _worker(data_fd: int, result_fd: int, cmd: list[str], env: dict, anchors: list[bytes], rules: list[Rule],
-            engines: list[EngineSpec]) -> None:
+def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict, anchors: list[bytes],
+            rules: list[Rule], engines: list[EngineSpec]) -> None:
     out: dict[str, Any] = {}
     try:
         runtime = RuntimeTracker()
@@ -239,10 +303,10 @@ def _worker(data_fd: int, result_fd: int, cmd: list[str], env: dict, anchors: li
         starts: list[int] = []
         bases: list[int] = []
         err: list[str] = []
-        feeder = threading.Thread(target=_forward, args=(data_fd, proc.stdin, starts, bases, err), daemon=True)
+        feeder = threading.Thread(target=_forward, args=(data_fd, proc.stdin, path, starts, bases, err), daemon=True)
         feeder.start()
         rx = LazyAnchors(anchors)
-        for item in _grep_blocks(proc.stdout, rx):
+        for item in _grep_blocks(proc.stdout, rx, WORKER_BLOCK):
             if isinstance(item, tuple):
                 lm.base = bases[bisect_right(starts, item[0]) - 1]
                 lm.add_pairs([item])
@@ -343,6 +407,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
     thread: threading.Thread | None = None
     try:
         pipes = [(os.pipe(), os.pipe()) for _ in range(jobs)]
+        gc.freeze()                      # the objects made so far (the rules) stay out of the children's collections
         for i, ((dr, dw), (rr, rw)) in enumerate(pipes):
             try:
                 fcntl.fcntl(dw, _F_SETPIPE_SZ, PIECE)
@@ -357,7 +422,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
                         _close(dw2, rr2)
                         if j != i:
                             _close(dr2, rw2)
-                    _worker(dr, rw, cmd, env, grep_anchors, rules, engines)
+                    _worker(dr, rw, path, cmd, env, grep_anchors, rules, engines)
                 except BaseException:  # pragma: no cover - nothing may escape a forked child
                     code = 1
                 finally:
@@ -366,8 +431,12 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
             _close(dr, rw)
             data_w.append(dw)
             result_r.append(rr)
-        piece = min(piece or PIECE, fcntl.fcntl(data_w[0], _F_GETPIPE_SZ))
-        sink = Dispatcher(list(data_w), piece)
+        gc.unfreeze()
+        if feeder is None:                                    # offsets only: pieces need not fit a pipe
+            piece = piece or FILE_PIECE
+        else:
+            piece = min(piece or PIECE, fcntl.fcntl(data_w[0], _F_GETPIPE_SZ))
+        sink = Dispatcher(list(data_w), piece, by_offset=feeder is None)
         data_w = []                                           # the dispatcher closes them
         if feeder is None:
             thread = threading.Thread(target=_read_plain, args=(path, side, sink), daemon=True)
@@ -386,6 +455,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
                 raise BadInput(f"{path}: {p['error']}")
         return merge(parts, {r.id: r for r in rules}, [e.engine for e in engines])
     finally:
+        gc.unfreeze()
         _close(*data_w, *result_r)
         for pid in pids:                          # done (results read) or not: none outlives the call
             try:

@@ -139,7 +139,8 @@ def _clean(block: bytes) -> bool:
     return all(block.find(b"\n", p, p + _HALF) >= 0 for p in range(0, len(block) - _HALF + 1, _HALF))
 
 
-def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes] | LazyAnchors) -> Iterator[bytes | tuple[int, bytes]]:
+def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes] | LazyAnchors,
+                 block_bytes: int = BLOCK_BYTES) -> Iterator[bytes | tuple[int, bytes]]:
     """grep's output in blocks: a ``bytes`` item is whole ``N:line`` records joined by newlines (the matcher's
     fast input, see match.LineMatcher.add_block); records that need cutting or stripping come as (N, line)
     pairs, exactly as ``_grep_records`` gives them."""
@@ -176,7 +177,7 @@ def _grep_blocks(out: IO[bytes], rx: re.Pattern[bytes] | LazyAnchors) -> Iterato
         parts.append(partial + buf[:cut + 1])
         size += len(parts[-1])
         partial = buf[cut + 1:]
-        if size >= BLOCK_BYTES:
+        if size >= block_bytes:
             yield from _split_dirty(b"".join(parts)[:-1], rx)
             parts, size = [], 0
     if parts:

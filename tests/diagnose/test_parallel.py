@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import os
 import random
-import struct
 from pathlib import Path
 
 import pytest
@@ -156,15 +155,27 @@ def test_jobs_for_small_logs_and_the_environment(tmp_path, monkeypatch):
             parallel.jobs_for(log, GREP, ANCHORS)
 
 
+def _frames(buf: bytes) -> list[tuple[int, int, bytes, int]]:
+    out, pos = [], 0
+    while pos < len(buf):
+        first, offset, length, nl = parallel._HEAD.unpack_from(buf, pos)
+        pos += parallel._HEAD.size
+        body = b"" if offset >= 0 else buf[pos:pos + length]
+        pos += 0 if offset >= 0 else length
+        out.append((first, offset, body if offset < 0 else length, nl))
+    return out
+
+
 @needs_fork
-def test_dispatcher_frames_rebuild_the_stream_with_first_line_numbers():
+@pytest.mark.parametrize("by_offset", [False, True])
+def test_dispatcher_frames_rebuild_the_stream_with_first_line_numbers(by_offset):
     rnd = random.Random(7)
-    lines = [b"y" * rnd.choice((0, 3, 50, 700, 3000)) for _ in range(400)]
+    lines = [b"y%d" % i + b"y" * rnd.choice((0, 3, 50, 700, 3000)) for i in range(400)]
     data = b"\n".join(lines) + b"\nlast"
     pipes = [os.pipe() for _ in range(3)]
     for r, _ in pipes:
         os.set_blocking(r, False)
-    sink = parallel.Dispatcher([w for _, w in pipes], piece=512)
+    sink = parallel.Dispatcher([w for _, w in pipes], piece=512, by_offset=by_offset)
     got: dict[int, bytearray] = {r: bytearray() for r, _ in pipes}
 
     def drain() -> None:
@@ -179,22 +190,27 @@ def test_dispatcher_frames_rebuild_the_stream_with_first_line_numbers():
         drain()
     sink.close()
     drain()
-    frames = []                                          # (first line or -1, bytes, newlines) per worker, in order
+    per_worker = [_frames(bytes(got[r])) for r, _ in pipes]
     for r, _ in pipes:
-        buf, pos = bytes(got[r]), 0
-        while pos < len(buf):
-            first, length, nl = struct.unpack_from("<qqq", buf, pos)
-            pos += 24
-            frames.append((first, buf[pos:pos + length], nl))
-            assert buf[pos:pos + length].count(b"\n") == nl
-            pos += length
         os.close(r)
-    pieces = sorted((f for f in frames if f[0] >= 0), key=lambda f: f[0])
-    # each piece starts at the line it says, and the pieces with their continuations are the stream
+    # each worker's frames, in order: a piece (first line >= 0) then its continuations (-1); rebuild every piece
+    pieces = []
+    for frames in per_worker:
+        for first, offset, body, nl in frames:
+            if by_offset:
+                assert offset >= 0
+                body = data[offset:offset + body]
+            assert body.count(b"\n") == nl
+            if first >= 0:
+                pieces.append([first, body])
+            else:
+                pieces[-1][1] += body
+    pieces.sort()
+    assert b"".join(b for _, b in pieces) == data                  # the stream, whole and in order
     text_lines = data.split(b"\n")
-    for first, body, _ in pieces:
-        assert body.split(b"\n")[0] == text_lines[first - 1][:len(body.split(b"\n")[0])]
-    assert sum(len(b) for _, b, _ in frames) == len(data)
+    for first, body in pieces:                                    # each piece starts at the line it names
+        assert body.split(b"\n")[0] == text_lines[first - 1]
+    assert len(pieces) > 20 and any(len(b) > 512 for _, b in pieces)   # cut, and long lines kept whole
 
 
 def _tracker_over(lines: list[int]) -> RuntimeTracker:
