@@ -53,7 +53,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = termios = None  # type: ignore[assignment]
 
 PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of it, as stored
-MAX_JOBS = 8
+MAX_JOBS = 2   # by default: bench/bench_jobs.py on an idle 16-core host (docs/performance.md) — two workers bring the
+               # stats-heavy log from 2.8x grep to 1.3x with the tree's PSS under 100 MB; three, 1.0x at 98-109 MB
 PIECE = 1 << 20                 # at most a pipe's capacity: a piece is written to the least-filled worker at once
 FILE_PIECE = 4 << 20            # a plain file's piece (sent as an offset)
 WORKER_BLOCK = 1 << 20          # grep records a worker hands its matcher at once (the one-process path: 4 MiB)
