@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
+from functools import partial
 from dataclasses import dataclass
 from sys import intern
 from typing import Any, Iterable
@@ -19,12 +20,29 @@ from oomdoctor.diagnose.rules import EngineSpec, Rule, RuleSet
 from oomdoctor.diagnose.rulespec import MATCH_CHARS, derive_anchor
 from oomdoctor.diagnose.shapes import (COARSE, HEX_RUN, MASK, SLOW, HexPlan, Plan, SignalSlot, digit_uniform,
                                        fixed_in_key, gaps_of, mask, number_slots, ts_span)
-from oomdoctor.diagnose.signals import TRACKED_NUMBERS, RuntimeTracker, Sample, fold_many, samples_numbers
+from oomdoctor.diagnose.signals import (TRACKED_NUMBERS, LazySample, RuntimeTracker, Sample, fold_many,
+                                        samples_numbers)
 from oomdoctor.errors import BadInput
 
 MAX_STORED_MATCHES = 200_000
 MAX_PLANS = 1 << 16              # shapes remembered; a later new shape takes the full matcher (bounded memory)
 PAIRS_BATCH = 4096
+
+
+def _record_number(rec: bytes) -> int:
+    """The line number of a grep -n record ``N:line``."""
+    return int(rec[:rec.find(b":")])
+
+
+def _seek(recs: list[bytes], start: int, j: int, n: int) -> int:
+    """The first index >= ``j`` (< ``n``) of the records (in line order) whose number is >= ``start``, or ``n``:
+    an exponential search from ``j``, as the next sample is mostly near."""
+    if j >= n or _record_number(recs[j]) >= start:
+        return j
+    bound = 1
+    while j + bound < n and _record_number(recs[j + bound]) < start:
+        bound *= 2
+    return bisect_left(recs, start, j + bound // 2 + 1, min(j + bound + 1, n), key=_record_number)
 
 
 @dataclass
@@ -198,7 +216,7 @@ class LineMatcher:
         return Match(slot.rule, line, slot.rule.extract(m),
                      {g: intern(v) for g, v in m.groupdict().items() if v is not None})
 
-    def _sample_of(self, rec: bytes) -> Sample:
+    def _sample_of(self, rec: bytes, base: int) -> Sample:
         key = rec.translate(MASK)
         plan = self._plans[key]
         slot, k = plan.sampler, plan.offset
@@ -206,24 +224,25 @@ class LineMatcher:
         nums: dict[str, Any] = {x.name: (int if x.unit.lower() in ("int", "tokens", "count") else float)(rec[x.start + k:x.end + k])
                 for x in slot.numbers if x.name in TRACKED_NUMBERS}
         ts = rec[plan.ts[0] + k:plan.ts[1] + k].decode() if plan.ts else ""
-        return Sample(int(rec[:k - 1]) + self.base, ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
+        return Sample(int(rec[:k - 1]) + base, ts, nums.get("kv_usage_percent"), nums.get("running_reqs"),
                       nums.get("waiting_reqs"), nums.get("preemptions"))
 
     def _flush_samples(self) -> None:
         """Each bucket's timeline takes the first stats line of every window (RuntimeTracker._sample); the fast
         lines of all shapes of a bucket wait here in line order, and only the ones it takes are read: the next one
-        is found by bisection on the line numbers (``next_window``)."""
+        is found by bisection on the line numbers (``next_window``), and its numbers are read only if it stays in
+        the timeline (LazySample)."""
         base = self.base
         for b, recs in self._order.values():
             if not recs:
                 continue
             j, n = 0, len(recs)
             while j < n:
-                start = b.next_window()
-                j = bisect_left(recs, start, j, n, key=lambda r: int(r[:r.find(b":")]) + base)
+                j = _seek(recs, b.next_window() - base, j, n)
                 if j >= n:
                     break
-                b.keep_sample(self._sample_of(recs[j]))       # may widen the window
+                rec = recs[j]
+                b.keep_sample(LazySample(_record_number(rec) + base, partial(self._sample_of, rec, base)))
                 j += 1
             b._seen += n
             recs.clear()

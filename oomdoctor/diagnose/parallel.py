@@ -321,6 +321,7 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
             raise BadInput(f"cannot be scanned ({err[0]})")
         for b in runtime._buckets.values():
             b.rejections = [_wire(m) for m in b.rejections]
+            b.timeline()                                  # read the lazy samples here: they hold this matcher
         out = {"matches": [_wire(m) for m in lm.matches], "counts": lm.counts, "versions": lm.versions,
                "hits": hits, "runtime": runtime}
     except BadInput as e:

@@ -37,13 +37,22 @@ class Sample:
     preemptions: int | None
 
 
+class LazySample:
+    """A timeline sample the matcher's fast path took: its line number now, its numbers when the timeline is read
+    (``read()`` gives the Sample; most samples taken are thinned out again as the window widens)."""
+    __slots__ = ("line", "read")
+
+    def __init__(self, line: int, read: Callable[[], Sample]) -> None:
+        self.line, self.read = line, read
+
+
 class RuntimeTracker:
     """Folds signal matches as they stream by, in one bucket per (engine, rule versions), so that memory stays
     bounded on logs of any length; ``select`` keeps the buckets of the engine and version finally detected."""
 
     def __init__(self) -> None:
         self._buckets: dict[tuple, "RuntimeTracker"] = {}
-        self.samples: list[Sample] = []
+        self.samples: list[Any] = []      # Sample or LazySample, in line order
         self._win = 1                       # the timeline's window, in lines (a power of two)
         self._seen = 0
         self.preemption_events = 0          # from per-interval fields / warnings
@@ -140,7 +149,13 @@ class RuntimeTracker:
         of the window after the last sample's."""
         return (self.samples[-1].line // self._win + 1) * self._win if self.samples else 0
 
-    def keep_sample(self, s: Sample) -> None:
+    def timeline(self) -> list[Sample]:
+        """The samples, every one read (LazySample)."""
+        if any(isinstance(s, LazySample) for s in self.samples):
+            self.samples = [s.read() if isinstance(s, LazySample) else s for s in self.samples]
+        return self.samples
+
+    def keep_sample(self, s: Sample | LazySample) -> None:
         """``s``: the first stats line of its window (``next_window`` <= s.line)."""
         self.samples.append(s)
         if len(self.samples) >= MAX_SAMPLES:
@@ -223,7 +238,7 @@ class RuntimeTracker:
         ev: list[dict] = []
         for r in self.rejections[:3]:
             ev.append({"line": r.n, "text": r.line.text[:2000], "rule": r.rule.id, "role": "root"})
-        hot = [s for s in self.samples if s.kv_usage_percent is not None and s.kv_usage_percent >= KV_PRESSURE_PERCENT]
+        hot = [s for s in self.timeline() if s.kv_usage_percent is not None and s.kv_usage_percent >= KV_PRESSURE_PERCENT]
         for s in hot[:3]:
             ev.append({"line": s.line, "text": f"KV usage {s.kv_usage_percent:.1f}%, running {s.running}, waiting {s.waiting}",
                        "rule": "runtime.stats", "role": "root" if not ev else "related"})
@@ -243,7 +258,7 @@ class RuntimeTracker:
             "first_kv_pressure_line": self.first_pressure,
             "rejected_requests": self.rejection_count,
             "timeline": [{"line": s.line, "ts": s.ts, "kv_usage_percent": s.kv_usage_percent, "running": s.running,
-                          "waiting": s.waiting, "preemptions": s.preemptions} for s in self.samples],
+                          "waiting": s.waiting, "preemptions": s.preemptions} for s in self.timeline()],
         }
 
 
