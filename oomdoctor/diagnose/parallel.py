@@ -23,6 +23,7 @@ from __future__ import annotations
 import array
 import errno
 import gc
+import mmap
 import os
 import pickle
 import select
@@ -289,7 +290,8 @@ def _wire(m: Match) -> Match:
 
 
 def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict, anchors: list[bytes],
-            rules: list[Rule], engines: list[EngineSpec]) -> None:
+            rules: list[Rule], engines: list[EngineSpec], done: memoryview) -> None:
+    """``done``: this worker's slot of the shared progress counters (the lines its grep has passed)."""
     out: dict[str, Any] = {}
     try:
         runtime = RuntimeTracker()
@@ -311,8 +313,10 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
             if isinstance(item, tuple):
                 lm.base = bases[bisect_right(starts, item[0]) - 1]
                 lm.add_pairs([item])
+                done[0] = item[0]
             else:
                 _feed_block(lm, item, starts, bases)
+                done[0] = _record_no(item[item.rfind(b"\n") + 1:])
         proc.wait()
         feeder.join()
         if proc.returncode not in (0, 1):
@@ -409,6 +413,8 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
     thread: threading.Thread | None = None
     try:
         pipes = [(os.pipe(), os.pipe()) for _ in range(jobs)]
+        shared = mmap.mmap(-1, 8 * jobs)                     # each worker's lines done, for the progress line
+        progress_of = memoryview(shared).cast("q")
         gc.freeze()                      # the objects made so far (the rules) stay out of the children's collections
         for i, ((dr, dw), (rr, rw)) in enumerate(pipes):
             try:
@@ -424,7 +430,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
                         _close(dw2, rr2)
                         if j != i:
                             _close(dr2, rw2)
-                    _worker(dr, rw, path, cmd, env, grep_anchors, rules, engines)
+                    _worker(dr, rw, path, cmd, env, grep_anchors, rules, engines, progress_of[i:i + 1])
                 except BaseException:  # pragma: no cover - nothing may escape a forked child
                     code = 1
                 finally:
@@ -445,7 +451,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
         else:
             thread = threading.Thread(target=feeder, args=(path, sink, side), daemon=True)
         thread.start()
-        parts = _collect(result_r, side, progress)
+        parts = _collect(result_r, side, progress, progress_of)
         thread.join()
         if progress is not None:
             tally = side.get("tally")
@@ -478,7 +484,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
         info.cut_lines = list(side.get("cut_lines", []))
 
 
-def _collect(fds: list[int], side: dict, progress: Progress | None) -> list[dict]:
+def _collect(fds: list[int], side: dict, progress: Progress | None, done: memoryview) -> list[dict]:
     """Every worker's pickled result (read as it comes, all at once: a worker blocks on a full pipe)."""
     bufs: dict[int, list[bytes]] = {fd: [] for fd in fds}
     open_fds = list(fds)
@@ -491,7 +497,7 @@ def _collect(fds: list[int], side: dict, progress: Progress | None) -> list[dict
             else:
                 open_fds.remove(fd)
         if progress is not None and "tally" in side:
-            progress.update(side["tally"].offset, side["tally"].lines)
+            progress.update(side["tally"].offset, sum(done))
     parts = []
     for fd in fds:
         data = b"".join(bufs[fd])
