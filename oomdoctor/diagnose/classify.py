@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,10 @@ from oomdoctor.errors import BadInput
 from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.rulespec import nearest_covered
-from oomdoctor.diagnose.match import Match, choose_engine, match_lines
+from oomdoctor.diagnose.match import Match, Matched, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.parallel import Matched, jobs_for, scan_and_match
 from oomdoctor.diagnose.scan import _grep_for, scan_blocks
 
 __all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
@@ -300,17 +300,30 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
     return ev
 
 
+PARALLEL_FROM_BYTES = 8 << 20        # below this no log is scanned in parallel (parallel.jobs_for decides above)
+
+
+def _maybe_parallel(path: str | Path) -> bool:
+    if os.environ.get("OOMDOCTOR_JOBS", "").strip():
+        return True
+    try:
+        return os.stat(path).st_size >= PARALLEL_FROM_BYTES
+    except OSError:
+        return False
+
+
 def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None, engine_version: str | None = None,
                   metrics_text: str | None = None, scanner: str = "auto", progress: Any = None) -> Diagnosis:
     """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None."""
     info = SourceInfo(str(path))
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
-    if scanner != "python":
+    if scanner != "python" and _maybe_parallel(path):
+        from oomdoctor.diagnose import parallel            # imported only for a large log (start-up of small ones)
         grep = _grep_for(list(anchors), scanner, path)
-        jobs = jobs_for(path, grep, anchors)
+        jobs = parallel.jobs_for(path, grep, anchors)
         if jobs >= 2 and grep is not None:
-            found = scan_and_match(path, anchors, info, ruleset.rules, list(ruleset.engines.values()), grep, jobs,
-                                   progress)
+            found = parallel.scan_and_match(path, anchors, info, ruleset.rules, list(ruleset.engines.values()), grep,
+                                            jobs, progress)
             return diagnose_matched(found, ruleset, info, engine=engine, engine_version=engine_version,
                                     metrics_text=metrics_text)
     lines = scan_blocks(path, anchors, info, engine=scanner, progress=progress)

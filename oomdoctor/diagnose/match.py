@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from functools import partial
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from sys import intern
 from typing import Any, Iterable
 
@@ -55,6 +55,16 @@ class Match:
     @property
     def n(self) -> int:
         return self.line.n
+
+
+@dataclass
+class Matched:
+    """What the matcher found over a whole log: the input of classify.diagnose_matched."""
+    matches: list[Match]
+    counts: dict[str, int]
+    versions: dict[str, tuple[str, int]]
+    runtime: RuntimeTracker
+    hits: dict[str, dict] = field(default_factory=dict)
 
 
 class LineMatcher:

@@ -34,12 +34,11 @@ import sys
 import tempfile
 import threading
 from bisect import bisect_right
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd
-from oomdoctor.diagnose.match import MAX_STORED_MATCHES, LineMatcher, Match
+from oomdoctor.diagnose.match import MAX_STORED_MATCHES, LineMatcher, Match, Matched
 from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import SourceInfo, probe
 from oomdoctor.diagnose.rules import EngineSpec, Rule
@@ -53,7 +52,8 @@ try:                                    # POSIX only; elsewhere jobs_for says 0 
 except ImportError:  # pragma: no cover - Windows
     fcntl = termios = None  # type: ignore[assignment]
 
-PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of it, as stored
+PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of it, as stored (classify's
+                                # PARALLEL_FROM_BYTES, below which this module is not even imported)
 MAX_JOBS = 2   # by default: bench/bench_jobs.py on an idle 16-core host (docs/performance.md) — two workers bring the
                # stats-heavy log from 2.8x grep to 1.3x with the tree's PSS under 100 MB; three, 1.0x at 98-109 MB
 PIECE = 1 << 20                 # at most a pipe's capacity: a piece is written to the least-filled worker at once
@@ -339,16 +339,6 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
 
 
 # ----------------------------------------------------------------------------- merging
-@dataclass
-class Matched:
-    """What the matcher found: the input of classify.diagnose_matched."""
-    matches: list[Match]
-    counts: dict[str, int]
-    versions: dict[str, tuple[str, int]]
-    runtime: RuntimeTracker
-    hits: dict[str, dict] = field(default_factory=dict)
-
-
 def merge(parts: list[dict], rules: dict[str, Rule], engines: Iterable[str]) -> Matched:
     """The workers' results as one matcher's (see the module's docstring)."""
     def unwire(m: Match) -> Match:
