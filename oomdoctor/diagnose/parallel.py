@@ -7,8 +7,8 @@ in a worker process, and the workers' results merged into exactly what one LineM
   pipe holds the least (a line longer than a piece stays with one worker: continuation frames). A plain file's
   piece goes as (offset, length) only, and the worker has the kernel copy it from the file into grep's stdin
   (``os.sendfile``); a decompressed piece goes through the pipe (and on with ``os.splice``);
-- worker processes (forked once the rules are loaded, before any thread starts; ``gc.freeze`` first, so that the
-  rules' pages stay shared): each runs one grep (the scanner's command) over everything it is sent, and grep's
+- worker processes (diagnose/workers.py; forked once the rules are loaded, before any thread starts;
+  ``gc.freeze`` first, so that the rules' pages stay shared): each runs one grep (the scanner's command) over everything it is sent, and grep's
   records through a LineMatcher whose ``base`` turns the worker's own line numbers into the log's (the records
   are cut at the pieces' boundaries);
 - main thread: waits for the workers' results (showing progress) and merges them: matches in line order,
@@ -21,29 +21,26 @@ usable cores, when grep does the scanning; ``OOMDOCTOR_JOBS=N`` sets the number 
 from __future__ import annotations
 
 import array
-import errno
 import gc
 import mmap
 import os
 import pickle
 import select
 import signal
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
-from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, NoReturn
 
 from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd
-from oomdoctor.diagnose.match import MAX_STORED_MATCHES, LineMatcher, Match, Matched
+from oomdoctor.diagnose.match import MAX_STORED_MATCHES, Match, Matched
 from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import SourceInfo, probe
 from oomdoctor.diagnose.rules import EngineSpec, Rule
-from oomdoctor.diagnose.scan import LazyAnchors, _ere, _grep_blocks
+from oomdoctor.diagnose.scan import _ere
 from oomdoctor.diagnose.signals import RuntimeTracker
+from oomdoctor.diagnose.workers import _F_GETPIPE_SZ, _F_SETPIPE_SZ, _HEAD, PIECE, _worker
 from oomdoctor.errors import BadInput
 
 try:                                    # POSIX only; elsewhere jobs_for says 0 and this module is not used
@@ -56,13 +53,7 @@ PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of
                                 # PARALLEL_FROM_BYTES, below which this module is not even imported)
 MAX_JOBS = 2   # by default: bench/bench_jobs.py on an idle 16-core host (docs/performance.md) — two workers bring the
                # stats-heavy log from 2.8x grep to 1.3x with the tree's PSS under 100 MB; three, 1.0x at 98-109 MB
-PIECE = 1 << 20                 # at most a pipe's capacity: a piece is written to the least-filled worker at once
 FILE_PIECE = 4 << 20            # a plain file's piece (sent as an offset)
-WORKER_BLOCK = 1 << 20          # grep records a worker hands its matcher at once (the one-process path: 4 MiB)
-# first line of a new piece (or -1: the same line goes on), offset in the file (or -1: the bytes follow), byte
-# length, newlines
-_HEAD = struct.Struct("<qqqq")
-_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032
 
 
 def jobs_for(path: str | os.PathLike, grep: str | None, anchors: Iterable[bytes]) -> int:
@@ -167,177 +158,6 @@ class Dispatcher:
             self.fds = []
 
 
-# ----------------------------------------------------------------------------- the worker side
-def _read_exact(fd: int, n: int) -> bytes:
-    parts, got = [], 0
-    while got < n:
-        b = os.read(fd, n - got)
-        if not b:
-            break
-        parts.append(b)
-        got += len(b)
-    return b"".join(parts)
-
-
-def _copy_file(src: int, out: int, offset: int, length: int) -> None:
-    """``length`` bytes of the file ``src`` at ``offset`` into the pipe ``out``: by the kernel where it can."""
-    try:
-        while length:
-            sent = os.sendfile(out, src, offset, length)
-            if sent == 0:
-                raise EOFError("the log got shorter while it was read")
-            offset, length = offset + sent, length - sent
-        return
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise
-    while length:                                         # pragma: no cover - a file system without sendfile
-        chunk = os.pread(src, min(length, 1 << 20), offset)
-        if not chunk:
-            raise EOFError("the log got shorter while it was read")
-        offset, length = offset + len(chunk), length - len(chunk)
-        _write_all(out, chunk)
-
-
-def _write_all(out: int, chunk: bytes) -> None:
-    view = memoryview(chunk)
-    while view:
-        view = view[os.write(out, view):]
-
-
-def _copy_pipe(src: int, out: int, length: int) -> None:
-    """``length`` bytes from the pipe ``src`` into the pipe ``out``: spliced where the kernel can."""
-    splice = getattr(os, "splice", None)
-    while length:
-        if splice is not None:
-            try:
-                moved = splice(src, out, length)
-            except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOSYS):
-                    raise
-                splice = None
-                continue
-            if moved == 0:
-                raise EOFError("the main process stopped mid-piece")
-            length -= moved
-            continue
-        chunk = os.read(src, min(length, 1 << 20))
-        if not chunk:
-            raise EOFError("the main process stopped mid-piece")
-        length -= len(chunk)
-        _write_all(out, chunk)
-
-
-def _forward(fd: int, stdin: Any, path: Path, starts: list[int], bases: list[int], err: list[str]) -> None:
-    """Worker thread: the frames from the main process into grep's stdin; each new piece's (first local line,
-    base) is recorded before its bytes reach grep, so the records grep gives back always find their piece."""
-    local = 0                                   # newlines forwarded
-    out = stdin.fileno()
-    src = -1
-    try:
-        while True:
-            head = _read_exact(fd, _HEAD.size)
-            if len(head) < _HEAD.size:
-                break
-            first, offset, length, newlines = _HEAD.unpack(head)
-            if first >= 0:
-                starts.append(local + 1)
-                bases.append(first - (local + 1))
-            if offset >= 0:
-                if src < 0:
-                    src = os.open(path, os.O_RDONLY)
-                _copy_file(src, out, offset, length)
-            else:
-                _copy_pipe(fd, out, length)
-            local += newlines
-    except (OSError, EOFError) as e:
-        err.append(str(e))
-    finally:
-        if src >= 0:
-            os.close(src)
-        try:
-            stdin.close()
-        except OSError:
-            pass
-
-
-def _record_no(rec: bytes) -> int:
-    return int(rec[:rec.find(b":")])
-
-
-def _feed_block(lm: LineMatcher, block: bytes, starts: list[int], bases: list[int]) -> None:
-    """grep -n records of this worker, cut where a piece begins, each run with its piece's base."""
-    first = bisect_right(starts, _record_no(block)) - 1
-    tail = block.rfind(b"\n") + 1
-    last = bisect_right(starts, _record_no(block[tail:])) - 1
-    if first == last:
-        lm.base = bases[first]
-        lm.add_block(block)
-        return
-    recs = block.split(b"\n")
-    lo = 0
-    for i in range(first, last + 1):
-        hi = len(recs) if i == last else bisect_right(recs, starts[i + 1] - 1, lo, key=_record_no)
-        if hi > lo:
-            lm.base = bases[i]
-            lm.add_block(b"\n".join(recs[lo:hi]))
-        lo = hi
-
-
-def _wire(m: Match) -> Match:
-    m.rule = m.rule.id  # type: ignore[assignment]   # rules go back by id (the main process has the same ones)
-    return m
-
-
-def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict, anchors: list[bytes],
-            rules: list[Rule], engines: list[EngineSpec], done: memoryview) -> None:
-    """``done``: this worker's slot of the shared progress counters (the lines its grep has passed)."""
-    out: dict[str, Any] = {}
-    try:
-        runtime = RuntimeTracker()
-        hits: dict[str, dict] = {}
-        lm = LineMatcher(rules, engines, runtime, hits)
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        try:
-            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIECE)
-        except OSError:  # pragma: no cover - a pipe size limit
-            pass
-        starts: list[int] = []
-        bases: list[int] = []
-        err: list[str] = []
-        feeder = threading.Thread(target=_forward, args=(data_fd, proc.stdin, path, starts, bases, err), daemon=True)
-        feeder.start()
-        rx = LazyAnchors(anchors)
-        for item in _grep_blocks(proc.stdout, rx, WORKER_BLOCK):
-            if isinstance(item, tuple):
-                lm.base = bases[bisect_right(starts, item[0]) - 1]
-                lm.add_pairs([item])
-                done[0] = item[0]
-            else:
-                _feed_block(lm, item, starts, bases)
-                done[0] = _record_no(item[item.rfind(b"\n") + 1:])
-        proc.wait()
-        feeder.join()
-        if proc.returncode not in (0, 1):
-            raise BadInput(f"cannot be scanned ({proc.stderr.read().decode(errors='replace').strip() or 'grep exit ' + str(proc.returncode)})")
-        if err:
-            raise BadInput(f"cannot be scanned ({err[0]})")
-        for b in runtime._buckets.values():
-            b.rejections = [_wire(m) for m in b.rejections]
-            b.timeline()                                  # read the lazy samples here: they hold this matcher
-        out = {"matches": [_wire(m) for m in lm.matches], "counts": lm.counts, "versions": lm.versions,
-               "hits": hits, "runtime": runtime}
-    except BadInput as e:
-        out = {"error": str(e)}
-    except Exception as e:  # pragma: no cover - a bug: reported, not hidden
-        out = {"error": f"internal error in a scan worker: {type(e).__name__}: {e}"}
-    data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(result_fd, view):]
-
-
 # ----------------------------------------------------------------------------- merging
 def merge(parts: list[dict], rules: dict[str, Rule], engines: Iterable[str]) -> Matched:
     """The workers' results as one matcher's (see the module's docstring)."""
@@ -402,34 +222,9 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
     side: dict = {}
     thread: threading.Thread | None = None
     try:
-        pipes = [(os.pipe(), os.pipe()) for _ in range(jobs)]
         shared = mmap.mmap(-1, 8 * jobs)                     # each worker's lines done, for the progress line
         progress_of = memoryview(shared).cast("q")
-        gc.freeze()                      # the objects made so far (the rules) stay out of the children's collections
-        for i, ((dr, dw), (rr, rw)) in enumerate(pipes):
-            try:
-                fcntl.fcntl(dw, _F_SETPIPE_SZ, PIECE)
-            except OSError:  # pragma: no cover - a pipe size limit
-                pass
-            pid = os.fork()
-            if pid == 0:                                     # the worker: only its own two ends stay open
-                code = 0
-                try:
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the main process decides on ^C
-                    for j, ((dr2, dw2), (rr2, rw2)) in enumerate(pipes):
-                        _close(dw2, rr2)
-                        if j != i:
-                            _close(dr2, rw2)
-                    _worker(dr, rw, path, cmd, env, grep_anchors, rules, engines, progress_of[i:i + 1])
-                except BaseException:  # pragma: no cover - nothing may escape a forked child
-                    code = 1
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-            _close(dr, rw)
-            data_w.append(dw)
-            result_r.append(rr)
-        gc.unfreeze()
+        _fork_workers(jobs, (path, cmd, env, grep_anchors, rules, engines), progress_of, pids, data_w, result_r)
         if feeder is None:                                    # offsets only: pieces need not fit a pipe
             piece = piece or FILE_PIECE
         else:
@@ -453,18 +248,8 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
                 raise BadInput(f"{path}: {p['error']}")
         return merge(parts, {r.id: r for r in rules}, [e.engine for e in engines])
     finally:
-        gc.unfreeze()
         _close(*data_w, *result_r)
-        for pid in pids:                          # done (results read) or not: none outlives the call
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+        _reap(pids)
         if thread is not None:
             thread.join()
         os.unlink(pattern_file)
@@ -472,6 +257,66 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
         info.size_bytes = side.get("size", 0)
         info.lines = side.get("lines", 0)
         info.cut_lines = list(side.get("cut_lines", []))
+
+
+_WorkerArgs = tuple[Path, list[str], dict, list[bytes], list[Rule], list[EngineSpec]]
+
+
+def _fork_workers(jobs: int, args: _WorkerArgs, progress_of: memoryview, pids: list[int], data_w: list[int],
+                  result_r: list[int]) -> None:
+    """Fork ``jobs`` workers (``workers._worker(data pipe, result pipe, *args, progress slot)``); ``pids``,
+    ``data_w`` and ``result_r`` get each one's pid, the write end of its data pipe, the read end of its result
+    pipe, as it starts (the caller closes and reaps what they hold, whatever happens)."""
+    pipes = [(os.pipe(), os.pipe()) for _ in range(jobs)]
+    gc.freeze()                      # the objects made so far (the rules) stay out of the children's collections
+    try:
+        for i, ((dr, dw), (rr, rw)) in enumerate(pipes):
+            try:
+                fcntl.fcntl(dw, _F_SETPIPE_SZ, PIECE)
+            except OSError:  # pragma: no cover - a pipe size limit
+                pass
+            pid = os.fork()
+            if pid == 0:
+                _child(i, pipes, args, progress_of[i:i + 1])
+            pids.append(pid)
+            _close(dr, rw)
+            data_w.append(dw)
+            result_r.append(rr)
+    except BaseException:
+        _close(*[fd for (dr, dw), (rr, rw) in pipes[len(pids):] for fd in (dr, dw, rr, rw)])
+        raise
+    finally:
+        gc.unfreeze()
+
+
+def _child(i: int, pipes: list, args: _WorkerArgs, slot: memoryview) -> NoReturn:
+    """The forked worker ``i``: only its own two pipe ends stay open; nothing escapes it but its exit."""
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the main process decides on ^C
+        for j, ((dr, dw), (rr, rw)) in enumerate(pipes):
+            _close(dw, rr)
+            if j != i:
+                _close(dr, rw)
+        _worker(pipes[i][0][0], pipes[i][1][1], *args, slot)
+    except BaseException:  # pragma: no cover - reported through the missing result
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _reap(pids: list[int]) -> None:
+    """Done (results read) or not: no worker outlives the call."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 
 
 def _collect(fds: list[int], side: dict, progress: Progress | None, done: memoryview) -> list[dict]:
