@@ -22,6 +22,7 @@ RULES = default_rules()
     ("tgi_router_connected.log", "tgi"),
     ("ollama_discovery_took.log", "ollama"),
     ("llamacpp_metal_command_buffer.log", "llamacpp"),
+    ("vllm_offline_progress.log", "vllm"),
 ])
 def test_a_paste_of_only_unread_lines_names_its_engine(name, engine):
     d = diagnose_file(LOGS / name, RULES)
@@ -39,3 +40,25 @@ def test_tgi_per_request_lines_are_not_scan_anchors():
     line = ("2025-03-04T10:01:00.000000Z  INFO generate{parameters=GenerateParameters { max_new_tokens: Some(20) }}:"
             " text_generation_router::server: router/src/server.rs:432: Success")
     assert not any(s in line for s in RULES.engines["tgi"].detect_lines)
+
+
+TRTLLM = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "tensorrt_llm-doc-logs"
+
+
+@pytest.mark.parametrize("name,version", [
+    ("build_info_lines.log", None),            # TensorRT's [TRT] [I] report and TensorRT-LLM's [TRT-LLM] [I] build lines
+    ("run_py_logger_lines.log", None),         # the Python logger's lines alone
+    ("run_py_0.9.0.log", "0.9.0"),             # "[TensorRT-LLM] TensorRT-LLM version: 0.9.0" printed at import
+    ("version_line_0.17.0.log", "0.17.0.post1"),
+])
+def test_tensorrt_llm_python_logger_and_version_line(name, version):
+    # real output quoted in NVIDIA's docs (fixtures/logs/tensorrt_llm-doc-logs/ORIGIN.md)
+    d = diagnose_file(TRTLLM / name, RULES)
+    assert (d.engine, d.engine_version, d.klass, d.rule) == ("tensorrt_llm", version, "unknown", None)
+
+
+def test_tensorrt_llm_detect_line_is_not_the_cpp_runtimes():
+    # the C++ runtime writes "[TensorRT-LLM][INFO] " (no space, no severity letter); the Python logger "[TRT-LLM] [I] "
+    spec = RULES.engines["tensorrt_llm"]
+    assert "[TRT-LLM] [" in spec.detect_lines and "[TensorRT-LLM][INFO] " in spec.detect_lines
+    assert not any("[TRT-LLM] [" in s for e, o in RULES.engines.items() if e != "tensorrt_llm" for s in o.detect)

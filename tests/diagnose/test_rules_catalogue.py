@@ -203,7 +203,7 @@ def test_fixture_is_diagnosed_to_its_class(rel):
 
 # ----------------------------------------------------------------------------- 3. engine detection
 ENGINE_OF_FOLDER = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tgi": "tgi", "lmdeploy": "lmdeploy",
-                    "ollama": "ollama"}
+                    "ollama": "ollama", "tensorrt_llm": "tensorrt_llm"}
 
 
 def _engine_of(rel: str) -> str | None:

@@ -241,3 +241,22 @@ def test_every_rule_of_the_other_engines_has_a_positive_and_a_negative_case() ->
         assert "match" in expects, r.id
         if r.role != "info":
             assert "no_match" in expects, f"{r.id}: no negative case"
+
+
+def test_tensorrt_errors_not_memory_unless_out_of_memory() -> None:
+    # tensorrt_llm.other.trt_error: TensorRT's "[TRT] [E] <where>: Error Code N: <category> (<detail>)" is a
+    # non-memory root, except when the text is an out-of-memory report (category OutOfMemory, oe-046; or the CUDA
+    # runtime's "out of memory" in the detail). The last two lines are constructed to check the exclusion only.
+    from oomdoctor.diagnose.parse import parse_line
+    rule = next(r for r in RULESET.rules if r.id == "tensorrt_llm.other.trt_error")
+    oom = next(r for r in RULESET.rules if r.id == "tensorrt_llm.build.trt_out_of_memory")
+    kopt = ("[11/15/2023-08:41:37] [TRT] [E] IBuilder::buildSerializedNetwork: Error Code 4: Internal Error (kOPT "
+            "values for profile 0 violate shape constraints ...)")
+    real_oom = ("[11/15/2023-08:41:37] [TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::140] Error Code 2: "
+                "OutOfMemory (no further information)")
+    assert rule.match(parse_line(1, kopt)) and not oom.match(parse_line(1, kopt))
+    assert oom.match(parse_line(1, real_oom)) and not rule.match(parse_line(1, real_oom))
+    assert not rule.match(parse_line(1, "[11/15/2023-08:41:37] [TRT] [E] 1: [x.cpp::f::20] Error Code 1: X (out of memory)"))
+    # a warning or an info line is no failure, nor another tool's "Error Code" text
+    assert not rule.match(parse_line(1, "[11/15/2023-08:41:37] [TRT] [W] y: Error Code 4: Internal Error (z)"))
+    assert not rule.match(parse_line(1, "2015-01-03 07:00:00,1,Error Code 1: Low Voltage"))

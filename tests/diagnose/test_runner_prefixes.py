@@ -1,0 +1,138 @@
+"""Job runners and log collectors put their own prefix in front of every line of an engine's output (issue 12: a
+NeMo-Run paste's ``nemo-run-1/0 Traceback (most recent call last):`` hid its exception line from the rules anchored
+at the line's start). ``parse.WRAPPER_RE`` strips the forms the tools print (each from the tool's source, named in
+parse.py), and nothing that is the engine's own text.
+
+The property: every field-guide paste with every line behind a runner's prefix is diagnosed as without it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.diagnose import parse
+from oomdoctor.diagnose.classify import diagnose_file
+from oomdoctor.diagnose.parse import parse_line
+from oomdoctor.diagnose.rules import default_rules
+from oomdoctor.diagnose.shapes import digit_uniform
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+RULES = default_rules()
+
+# (prefix as the tool prints it, where the form comes from)
+PREFIXES = [
+    ("nemo-run-1/0 ", "NeMo-Run nemo_run/run/logs.py:66: f'{role_name[-10:]}/{replica_id} ' (torchx cmd_log.py:75)"),
+    ("[pod/vllm-0/vllm] 2026-06-01T10:00:01.000000000Z [default0]:[rank0]: ",
+     "kubectl logs --prefix --timestamps, then torchrun's tee header and torch's per-rank relay (four nested)"),
+    (" 3: ", "srun --label: '%*d: ', the task id right-aligned (slurm write_labelled_message.c)"),
+    ("(pid=1234, ip=10.0.0.2) ", "Ray's nameless worker prefix (ray _private/worker.py print_worker_logs)"),
+    ("(ServeReplica:default:VLLMDeployment pid=1234) ", "Ray Serve's replica actor (ray serve/_private/common.py:29)"),
+]
+
+
+def _key(d):
+    return d.klass, d.phase, d.engine, d.rule, d.root.n if d.root else None
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return {p.name: _key(diagnose_file(p, RULES)) for p in sorted((LOGS / "field-guide").glob("*.log"))}
+
+
+@pytest.mark.parametrize("prefix", [p for p, _ in PREFIXES], ids=[p.strip() for p, _ in PREFIXES])
+def test_a_runners_prefix_on_every_line_changes_no_diagnosis(prefix, plain, tmp_path):
+    changed = []
+    for name, want in plain.items():
+        text = (LOGS / "field-guide" / name).read_text(encoding="utf-8", errors="replace")
+        q = tmp_path / name
+        q.write_text("".join(prefix + line for line in text.splitlines(True)), encoding="utf-8")
+        got = _key(diagnose_file(q, RULES))
+        if got != want:
+            changed.append(f"{name}: {want} -> {got}")
+    assert not changed, "\n".join(changed)
+
+
+def test_rays_dedup_suffix_changes_no_diagnosis(plain, tmp_path):
+    # ray 2.40.0 _private/ray_logging/__init__.py:228-231: " [repeated Nx across cluster]" after a deduplicated line
+    changed = []
+    for name, want in plain.items():
+        text = (LOGS / "field-guide" / name).read_text(encoding="utf-8", errors="replace")
+        q = tmp_path / name
+        q.write_text("".join(line + " [repeated 3x across cluster]\n" for line in text.splitlines()), encoding="utf-8")
+        got = _key(diagnose_file(q, RULES))
+        if got != want:
+            changed.append(f"{name}: {want} -> {got}")
+    assert not changed, "\n".join(changed)
+
+
+@pytest.mark.parametrize("line,msg,proc,pid,level", [
+    # NeMo-Run / torchx: "{role}/{replica} " (the role may be cut to its last 10 characters)
+    ("nemo-run-1/0 Traceback (most recent call last):", "Traceback (most recent call last):", "", "", ""),
+    ("nemo-run-0/0 WARNING 10-01 11:56:48 cuda.py:22] msg", "msg", "", "", "WARNING"),
+    ("3-8b-sft-0/1 RuntimeError: x", "RuntimeError: x", "", "", ""),
+    ("trainer/0 (EngineCore_DP0 pid=12) ERROR 01-01 12:00:00 [core.py:1] boom", "boom", "EngineCore_DP0", "12", "ERROR"),
+    # torchrun --tee: "[{role}{local_rank}]:" with no space, then torch's "[rank{N}]: "
+    ("[default0]:Traceback (most recent call last):", "Traceback (most recent call last):", "", "", ""),
+    ("[default0]:[rank0]: torch.OutOfMemoryError: CUDA out of memory.", "torch.OutOfMemoryError: CUDA out of memory.",
+     "", "", ""),
+    ("[trainer12]:INFO 01-01 12:00:00 [a.py:3] m", "m", "", "", "INFO"),
+    # kubectl logs --prefix
+    ("[pod/vllm-7d9f-abcde/vllm] RuntimeError: x", "RuntimeError: x", "", "", ""),
+    # srun --label, hetjob "P%u %*d: "
+    ("0: RuntimeError: x", "RuntimeError: x", "", "", ""),
+    ("  7: (VllmWorker rank=7 pid=99) ERROR 01-01 12:00:00 [w.py:1] e", "e", "VllmWorker rank=7", "99", "ERROR"),
+    ("P1  3: RuntimeError: x", "RuntimeError: x", "", "", ""),
+    # Ray: nameless worker, raylet, Serve's replica name with ':'
+    ("(pid=4321) RuntimeError: x", "RuntimeError: x", "", "4321", ""),
+    ("(pid=4321, ip=10.0.0.2) RuntimeError: x", "RuntimeError: x", "", "4321", ""),
+    ("(raylet, ip=10.0.0.2) A worker died", "A worker died", "", "", ""),
+    ("(ServeReplica:default:VLLMDeployment pid=5) ERROR 01-01 12:00:00 [a.py:1] e", "e",
+     "ServeReplica:default:VLLMDeployment", "5", "ERROR"),
+    # Ray's dedup suffix is not the engine's text (a frame's rule is anchored at the end of the line)
+    ('(RayWorkerWrapper pid=5) File "/v/vllm/worker.py", line 3, in profile_run [repeated 7x across cluster]',
+     'File "/v/vllm/worker.py", line 3, in profile_run', "RayWorkerWrapper", "5", ""),
+    # SGLang's own header behind a runner's prefix
+    ("nemo-run-1/0 [2025-01-01 12:00:00 TP0] Scheduler hit an exception: x", "Scheduler hit an exception: x", "TP0", "",
+     ""),
+])
+def test_runner_prefix_is_stripped(line, msg, proc, pid, level):
+    ln = parse_line(1, line)
+    assert (ln.msg, ln.proc, ln.pid, ln.level) == (msg, proc, pid, level)
+
+
+@pytest.mark.parametrize("line", [
+    # a bare "word: " is the engine's own text (llama.cpp's function names, LMDeploy's HINT, Python's exceptions):
+    # pdsh's "host: " prefix cannot be told from it, so it is not stripped
+    "llama_model_load: error loading model: unable to allocate CUDA0 buffer",
+    "HINT:    Please open an issue",
+    "ERROR: out of memory",
+    "node01: RuntimeError: x",
+    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    # a progress count is no torchx replica: the role holds a letter
+    "3/35 [00:01<00:02, 12.1it/s]",
+    "100/200 done",
+    # Python's OSError text, c10's glog warning, a clock, a bracketed word without a number
+    "[Errno 12] Cannot allocate memory",
+    "[W1107 12:00:00.000000 ProcessGroupNCCL.cpp:1] Warning: x",
+    "12:00:00 something",
+    "[rank]: x",
+    "[pod/Upper/x] y",          # kubectl names are DNS-1123 (lower case)
+    "(autoscaler +1m2s) Resized",
+])
+def test_engine_text_is_not_taken_for_a_prefix(line):
+    assert parse_line(1, line).msg == line
+
+
+def test_wrapper_pattern_is_digit_uniform():
+    # the shape cache (shapes.py) replays a line's parse on every line of its digit-masked shape
+    assert digit_uniform(parse.WRAPPER_RE) and digit_uniform(parse.VLLM_RE) and digit_uniform(parse.RAY_DEDUP_RE)
+
+
+def test_wrapper_pattern_is_bounded_on_long_lines():
+    import time
+    for raw in ("a" * 1_000_000, "[" + "a" * 1_000_000, "a-" * 500_000 + "/", " " * 1_000_000, "(pid=" + "1" * 1_000_000,
+                "x [repeated 3x across cluster]" * 30_000, "[pod/" + "a" * 1_000_000):
+        t = time.perf_counter()
+        parse_line(1, raw)
+        assert time.perf_counter() - t < 0.5, raw[:20]
