@@ -88,7 +88,8 @@ class LineMatcher:
         self._order: dict[int, tuple[RuntimeTracker, list[bytes]]] = {}
         self._uniform: dict[str, bool] = {}         # rule id → all its patterns digit-uniform (asked lazily)
         self._rules = {r.id: r for r in rules}
-        self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE)) and \
+        self._cache = all(digit_uniform(rx) for rx in (parse.VLLM_RE, parse.SGLANG_RE, parse.ANSI_RE, parse.WRAPPER_RE,
+                                                       parse.RAY_DEDUP_RE)) and \
             all(digit_uniform(vp) for e in engines for vp in e.version_patterns)
         # a literal holding '#' is as digit-sensitive as one holding a digit: '#' in a shape may stand for either
         with_digits = [a for a in by_anchor if re.search(r"[\d#]", a)] + \

@@ -99,21 +99,31 @@ def decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
-def parse_line(n: int, raw: bytes | str) -> LogLine:
-    text = decode(raw) if isinstance(raw, (bytes, bytearray)) else ANSI_RE.sub("", raw).rstrip("\r\n")
+def header(text: str) -> tuple[re.Match[str] | None, int, str, bool]:
+    """The engine's header of a line: (the SGLang or vLLM header match on the line's body, where the body starts in
+    the line, the body — the line without its wrapper prefixes and Ray's dedup suffix —, whether it is SGLang's).
+    parse_line reads the line from it; shapes.ts_span takes the time stamp's place from it."""
     if text.startswith("[") and (m := SGLANG_RE.match(text)):
-        return LogLine(n, text, m.group("msg"), proc=(m.group("proc") or "").strip(), ts=m.group("ts"))
+        return m, 0, text, True
     body = text
     for _ in range(MAX_WRAPPERS):          # a wrapper prefix, possibly inside another (compose + timestamp)
         w = WRAPPER_RE.match(body)
         if not w:
             break
         body = body[w.end():]
+    at = len(text) - len(body)
     if "across cluster]" in body and (d := RAY_DEDUP_RE.search(body)):
         body = body[:d.start()]
-    if body is not text and body.startswith("[") and (m := SGLANG_RE.match(body)):    # SGLang's line behind a wrapper
+    if at and body.startswith("[") and (m := SGLANG_RE.match(body)):    # SGLang's line behind a wrapper
+        return m, at, body, True
+    return VLLM_RE.match(body), at, body, False
+
+
+def parse_line(n: int, raw: bytes | str) -> LogLine:
+    text = decode(raw) if isinstance(raw, (bytes, bytearray)) else ANSI_RE.sub("", raw).rstrip("\r\n")
+    m, _, body, sglang = header(text)
+    if m is not None and sglang:
         return LogLine(n, text, m.group("msg"), proc=(m.group("proc") or "").strip(), ts=m.group("ts"))
-    m = VLLM_RE.match(body)
     if not m:  # pragma: no cover - the pattern matches every string
         return LogLine(n, text, text)
     msg = m.group("msg")

@@ -217,15 +217,13 @@ def fixed_in_key(literal: bytes, key: bytes, runs: list[tuple[int, int]]) -> boo
 
 
 def ts_span(text: str) -> tuple[int, int] | None:
-    """Where parse.parse_line takes a line's time stamp from (its own order of the two header regexes)."""
-    from oomdoctor.diagnose.parse import SGLANG_RE, VLLM_RE
+    """Where parse.parse_line takes a line's time stamp from (parse.header: behind wrapper prefixes too)."""
+    from oomdoctor.diagnose.parse import header
 
-    m = SGLANG_RE.match(text) if text.startswith("[") else None
-    if m is None:
-        m = VLLM_RE.match(text)
+    m, at, _, _ = header(text)
     if m is None or m.group("ts") is None:
         return None
-    return m.span("ts")
+    return m.start("ts") + at, m.end("ts") + at
 
 
 def number_slots(rule: Any, m: re.Match, text_offset: int, raw: bytes) -> list[NumberSlot] | None:

@@ -116,6 +116,16 @@ def test_stats_heavy_lines_same_as_the_full_matcher_and_once_per_shape():
     assert len(slow) < len(lm._plans) // 2           # the stats and rejection shapes are fast
 
 
+@pytest.mark.parametrize("prefix", [b"api-1  | ", b"nemo-run-0/0 ", b"2026-03-04T18:02:11.408Z ", b"[default0]:"])
+def test_stats_lines_behind_a_wrapper_prefix_same_as_the_full_matcher(prefix):
+    """The fast path takes a stats line's time stamp where parse_line does, behind a launcher's prefix too."""
+    lines = [(n, prefix + raw) for n, raw in serving_lines(MAX_SAMPLES // 2, seed=4)]
+    ref = full(lines)
+    assert cached(lines, batch=500)[0] == ref and block_fed(lines) == ref
+    stamps = [s["ts"] for s in ref[3]["timeline"]]
+    assert len(stamps) > 100 and all(stamps)
+
+
 def test_full_matcher_runs_once_per_shape(monkeypatch):
     lines = [(n, raw) for n, raw in serving_lines(2000, seed=2) if b"Engine 000" in raw]
     calls = []
