@@ -332,6 +332,28 @@ def _layout(root: Path) -> list[tuple[str, Path, list[Path]]]:
     return out
 
 
+GENERIC = "_generic"        # rules of no engine: what a program every engine runs under prints (a container runtime)
+
+
+def _generic_files(root: Path) -> list[Path]:
+    """The rule files of ``<root>/_generic/`` (``_generic/rules/`` in the package layout): rules that name no engine."""
+    folder = root / GENERIC
+    gdir = folder / "rules" if (folder / "rules").is_dir() else folder
+    return sorted(gdir.rglob("*.yaml")) if gdir.is_dir() else []
+
+
+def _for_engine(item: Any, engine: str, path: Path) -> dict:
+    """A generic rule (``engine: any``, an id without an engine) as one engine's: ``<engine>.<id>``. Every engine gets
+    the same copy, so a paste that names no engine finds no engine in it (``engine_of_hits``: a tie), and a log of any
+    engine is read by it (``RuleSet.family``)."""
+    if not isinstance(item, dict):
+        raise RuleError(f"{path}: a rule must be a mapping")
+    rid = _req(item, "id", f"{path}")
+    if item.get("engine") != "any":
+        raise RuleError(f"{path} [{rid}]: a rule under {GENERIC}/ names no engine: 'engine: any'")
+    return {**item, "id": f"{engine}.{rid}", "engine": engine}
+
+
 def load_rules(root: Path) -> RuleSet:
     from oomdoctor.diagnose.rulecache import RuleDocs
 
@@ -339,7 +361,8 @@ def load_rules(root: Path) -> RuleSet:
     if not root.is_dir():
         raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
     layout = _layout(root)
-    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)], _read, _parse,
+    generic = _generic_files(root)
+    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)] + generic, _read, _parse,
                     cache=root.resolve() == ENGINES_DIR.resolve())     # the bundled catalogue only
     engines: dict[str, EngineSpec] = {}
     rules: list[Rule] = []
@@ -359,6 +382,18 @@ def load_rules(root: Path) -> RuleSet:
                 rules.append(r)
     if not engines:
         raise RuleError(f"{root}: no engine folders with rules")
+    for f in generic:
+        data = docs.load(f)
+        items = data.get("rules") if isinstance(data, dict) and "rules" in data and "id" not in data else [data]
+        if not isinstance(items, list):
+            raise RuleError(f"{f}: 'rules' must be a list")
+        for item in items:
+            for name in engines:
+                r = build_rule(_for_engine(item, name, f), f, name)
+                if r.id in seen:
+                    raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
+                seen[r.id] = str(f)
+                rules.append(r)
     docs.save()
     return RuleSet(engines, rules)
 
