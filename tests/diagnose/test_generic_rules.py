@@ -67,7 +67,7 @@ def test_a_log_of_an_engine_takes_that_engines_copy(tmp_path):
 
 
 def test_the_bundled_generic_rules_are_every_engines():
-    for rid in ("container.nvidia_container_cli",):
+    for rid in ("container.nvidia_container_cli", "neuron.device_alloc_failed"):
         assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
 
 
@@ -76,3 +76,15 @@ def test_a_container_runtime_error_is_not_memory_and_names_no_engine(name):
     d = diagnose_file(LOGS / "nvidia-container-cli-quoted" / name, RULES)
     assert (d.klass, d.engine) == ("not_memory", None)
     assert d.rule.endswith(".container.nvidia_container_cli")
+
+
+def test_a_neuron_device_allocation_failure_is_an_oom_of_a_likely_phase():
+    d = diagnose_file(LOGS / "neuron-runtime-quoted" / "hbm_alloc_failed.log", RULES)
+    assert (d.klass, d.phase, d.engine, d.phase_basis_kind, d.confidence) == (
+        "weights_load_oom", "weights_load", None, "likely", "low")
+    assert d.settle                      # the card names the lines that would settle the phase
+
+
+def test_the_runtimes_info_breakdown_is_no_failure():
+    d = diagnose_file(LOGS / "neuron-runtime-quoted" / "neff_memory_info.log", RULES)
+    assert (d.klass, d.rule) == ("unknown", None)
