@@ -332,33 +332,55 @@ def _layout(root: Path) -> list[tuple[str, Path, list[Path]]]:
     return out
 
 
+GENERIC = "_generic"        # rules of no engine: what a program every engine runs under prints (a container runtime)
+
+
+def _generic_files(root: Path) -> list[Path]:
+    """The rule files of ``<root>/_generic/`` (``_generic/rules/`` in the package layout): rules that name no engine."""
+    gdir = root / GENERIC / "rules" if (root / GENERIC / "rules").is_dir() else root / GENERIC
+    return sorted(gdir.rglob("*.yaml")) if gdir.is_dir() else []
+
+
+def _for_engine(item: Any, engine: str, path: Path) -> dict:
+    """A generic rule (``engine: any``, an id without an engine) as one engine's, ``<engine>.<id>``: every engine gets
+    it, so a log of any engine is read by it and a paste that names no engine finds none (``engine_of_hits``: a tie)."""
+    if not isinstance(item, dict):
+        raise RuleError(f"{path}: a rule must be a mapping")
+    rid = _req(item, "id", f"{path}")
+    if item.get("engine") != "any":
+        raise RuleError(f"{path} [{rid}]: a rule under {GENERIC}/ names no engine: 'engine: any'")
+    return {**item, "id": f"{engine}.{rid}", "engine": engine}
+
+
+def _items(data: Any, f: Path) -> list:
+    items = data.get("rules") if isinstance(data, dict) and "rules" in data and "id" not in data else [data]
+    if not isinstance(items, list):
+        raise RuleError(f"{f}: 'rules' must be a list")
+    return items
+
+
 def load_rules(root: Path) -> RuleSet:
     from oomdoctor.diagnose.rulecache import RuleDocs
 
     root = Path(root)
     if not root.is_dir():
         raise RuleError(f"{root}: rules folder not found (set OOMDOCTOR_RULES)")
-    layout = _layout(root)
-    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)], _read, _parse,
+    layout, generic = _layout(root), _generic_files(root)
+    docs = RuleDocs(root, [f for _, espec, files in layout for f in (espec, *files)] + generic, _read, _parse,
                     cache=root.resolve() == ENGINES_DIR.resolve())     # the bundled catalogue only
-    engines: dict[str, EngineSpec] = {}
+    engines = {name: build_engine(docs.load(espec), espec, name) for name, espec, _ in layout}
+    if not engines:
+        raise RuleError(f"{root}: no engine folders with rules")
     rules: list[Rule] = []
     seen: dict[str, str] = {}
-    for name, espec, files in layout:
-        engines[name] = build_engine(docs.load(espec), espec, name)
-        for f in files:
-            data = docs.load(f)
-            items = data.get("rules") if isinstance(data, dict) and "rules" in data and "id" not in data else [data]
-            if not isinstance(items, list):
-                raise RuleError(f"{f}: 'rules' must be a list")
-            for item in items:
-                r = build_rule(item, f, name)
+    for f, name in [(f, name) for name, _, files in layout for f in files] + [(f, None) for f in generic]:
+        for item in _items(docs.load(f), f):
+            for r in ([build_rule(item, f, name)] if name else
+                      [build_rule(_for_engine(item, e, f), f, e) for e in engines]):
                 if r.id in seen:
                     raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
                 seen[r.id] = str(f)
                 rules.append(r)
-    if not engines:
-        raise RuleError(f"{root}: no engine folders with rules")
     docs.save()
     return RuleSet(engines, rules)
 

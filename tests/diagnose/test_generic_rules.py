@@ -1,0 +1,90 @@
+"""Rules of no engine (``<rules root>/_generic/``, docs/rules.md): a program every engine runs under or on prints them
+(the NVIDIA container runtime, an accelerator's runtime). The loader copies each into every engine's rules as
+``<engine>.<id>``: a log of any engine is read by it, and a paste that names no engine finds no engine in it."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.diagnose.classify import diagnose_file
+from oomdoctor.diagnose.rules import default_rules, load_rules
+from oomdoctor.errors import RuleError
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+RULES = default_rules()
+
+ENGINE_YAML = "engine: {name}\nname: {name}\ndetect: [\"{name} engine starting\"]\ndetect_lines: [\"{name} engine starting\"]\n"
+GENERIC = textwrap.dedent("""\
+    id: runtime.demo_fault
+    engine: any
+    class: not_memory
+    patterns:
+      - regex: "demo runtime fault: (?P<detail>.+)"
+    """)
+
+
+def _root(tmp_path: Path, generic: str, layout: str = "plain") -> Path:
+    root = tmp_path / "rules"
+    for name in ("alpha", "beta"):
+        edir = root / name / "rules" if layout == "package" else root / name
+        edir.mkdir(parents=True)
+        (edir / "engine.yaml").write_text(ENGINE_YAML.format(name=name))
+    gdir = root / "_generic" / "rules" if layout == "package" else root / "_generic"
+    gdir.mkdir(parents=True)
+    (gdir / "demo.yaml").write_text(generic)
+    return root
+
+
+@pytest.mark.parametrize("layout", ["plain", "package"])
+def test_a_generic_rule_is_copied_into_every_engine(tmp_path, layout):
+    rs = load_rules(_root(tmp_path, GENERIC, layout))
+    assert sorted((r.id, r.engine) for r in rs.rules) == [("alpha.runtime.demo_fault", "alpha"),
+                                                          ("beta.runtime.demo_fault", "beta")]
+    assert "_generic" not in rs.engines
+
+
+def test_a_generic_rule_that_names_an_engine_is_refused(tmp_path):
+    with pytest.raises(RuleError, match="names no engine"):
+        load_rules(_root(tmp_path, GENERIC.replace("engine: any", "engine: alpha")))
+
+
+def test_a_paste_of_a_generic_failure_names_no_engine(tmp_path):
+    rs = load_rules(_root(tmp_path, GENERIC))
+    log = tmp_path / "paste.log"
+    log.write_text("demo runtime fault: device node missing\n")
+    d = diagnose_file(log, rs)
+    assert (d.klass, d.engine) == ("not_memory", None)
+
+
+def test_a_log_of_an_engine_takes_that_engines_copy(tmp_path):
+    rs = load_rules(_root(tmp_path, GENERIC))
+    log = tmp_path / "beta.log"
+    log.write_text("beta engine starting\ndemo runtime fault: device node missing\n")
+    d = diagnose_file(log, rs)
+    assert (d.klass, d.engine, d.rule) == ("not_memory", "beta", "beta.runtime.demo_fault")
+
+
+def test_the_bundled_generic_rules_are_every_engines():
+    for rid in ("container.nvidia_container_cli", "neuron.device_alloc_failed", "process.fatal_signal"):
+        assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
+
+
+@pytest.mark.parametrize("name", ["enroot_driver_not_loaded.log", "mount_error.log"])
+def test_a_container_runtime_error_is_not_memory_and_names_no_engine(name):
+    d = diagnose_file(LOGS / "nvidia-container-cli-quoted" / name, RULES)
+    assert (d.klass, d.engine) == ("not_memory", None)
+    assert d.rule.endswith(".container.nvidia_container_cli")
+
+
+def test_a_neuron_device_allocation_failure_is_an_oom_of_a_likely_phase():
+    d = diagnose_file(LOGS / "neuron-runtime-quoted" / "hbm_alloc_failed.log", RULES)
+    assert (d.klass, d.phase, d.engine, d.phase_basis_kind, d.confidence) == (
+        "weights_load_oom", "weights_load", None, "likely", "low")
+    assert d.settle                      # the card names the lines that would settle the phase
+
+
+def test_the_runtimes_info_breakdown_is_no_failure():
+    d = diagnose_file(LOGS / "neuron-runtime-quoted" / "neff_memory_info.log", RULES)
+    assert (d.klass, d.rule) == ("unknown", None)
