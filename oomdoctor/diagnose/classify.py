@@ -199,6 +199,10 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
     ms_before = [m for m in milestones if root is None or m.n < root.n]
     phase_reached = ms_before[-1].rule.reaches if ms_before else None
     evidence = build_evidence(root, keep, runtime, phase_reached)
+    if eng is None and ruleset.generic:
+        v.rule = ruleset.shown_id(v.rule, eng) if v.rule else v.rule
+        for e in evidence:
+            e["rule"] = ruleset.shown_id(e["rule"], eng)
     _closing_notes(notes, source, root, v.klass, phase_reached)
     return Diagnosis(
         source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,

@@ -373,6 +373,7 @@ def load_rules(root: Path) -> RuleSet:
         raise RuleError(f"{root}: no engine folders with rules")
     rules: list[Rule] = []
     seen: dict[str, str] = {}
+    generic_ids: dict[str, str] = {}
     for f, name in [(f, name) for name, _, files in layout for f in files] + [(f, None) for f in generic]:
         for item in _items(docs.load(f), f):
             for r in ([build_rule(item, f, name)] if name else
@@ -381,8 +382,10 @@ def load_rules(root: Path) -> RuleSet:
                     raise RuleError(f"{f}: duplicate rule id '{r.id}' (also in {seen[r.id]})")
                 seen[r.id] = str(f)
                 rules.append(r)
+                if not name:
+                    generic_ids[r.id] = item["id"]
     docs.save()
-    return RuleSet(engines, rules)
+    return RuleSet(engines, rules, generic_ids)
 
 
 @lru_cache(maxsize=4)

@@ -298,6 +298,12 @@ class EngineSpec:
 class RuleSet:
     engines: dict[str, EngineSpec]
     rules: list[Rule]
+    generic: dict[str, str] = field(default_factory=dict)   # an engine's copy of a rule of no engine -> the rule's id
+
+    def shown_id(self, rule_id: str, engine: str | None) -> str:
+        """The id to report: a rule of no engine keeps its own id when no engine was recognised (its copies are
+        every engine's: the first one would name an engine the log does not show)."""
+        return self.generic.get(rule_id, rule_id) if engine is None else rule_id
 
     def family(self, engine: str | None) -> set[str] | None:
         """The engines whose rules apply to a log of ``engine``: itself and those it embeds (None: every engine)."""

@@ -1,6 +1,7 @@
 """Rules of no engine (``<rules root>/_generic/``, docs/rules.md): a program every engine runs under or on prints them
 (the NVIDIA container runtime, an accelerator's runtime). The loader copies each into every engine's rules as
-``<engine>.<id>``: a log of any engine is read by it, and a paste that names no engine finds no engine in it."""
+``<engine>.<id>``: a log of any engine is read by it, and a paste that names no engine finds no engine in it (and
+reports the rule's own id)."""
 from __future__ import annotations
 
 import textwrap
@@ -55,7 +56,8 @@ def test_a_paste_of_a_generic_failure_names_no_engine(tmp_path):
     log = tmp_path / "paste.log"
     log.write_text("demo runtime fault: device node missing\n")
     d = diagnose_file(log, rs)
-    assert (d.klass, d.engine) == ("not_memory", None)
+    assert (d.klass, d.engine, d.rule) == ("not_memory", None, "runtime.demo_fault")   # its own id, no engine's
+    assert [e["rule"] for e in d.evidence] == ["runtime.demo_fault"]
 
 
 def test_a_log_of_an_engine_takes_that_engines_copy(tmp_path):
@@ -74,8 +76,7 @@ def test_the_bundled_generic_rules_are_every_engines():
 @pytest.mark.parametrize("name", ["enroot_driver_not_loaded.log", "mount_error.log"])
 def test_a_container_runtime_error_is_not_memory_and_names_no_engine(name):
     d = diagnose_file(LOGS / "nvidia-container-cli-quoted" / name, RULES)
-    assert (d.klass, d.engine) == ("not_memory", None)
-    assert d.rule.endswith(".container.nvidia_container_cli")
+    assert (d.klass, d.engine, d.rule) == ("not_memory", None, "container.nvidia_container_cli")
 
 
 def test_a_neuron_device_allocation_failure_is_an_oom_of_a_likely_phase():
