@@ -8,15 +8,16 @@ in a worker process, and the workers' results merged into exactly what one LineM
   piece goes as (offset, length) only, and the worker has the kernel copy it from the file into grep's stdin
   (``os.sendfile``); a decompressed piece goes through the pipe (and on with ``os.splice``);
 - worker processes (diagnose/workers.py; forked once the rules are loaded, before any thread starts;
-  ``gc.freeze`` first, so that the rules' pages stay shared): each runs one grep (the scanner's command) over everything it is sent, and grep's
-  records through a LineMatcher whose ``base`` turns the worker's own line numbers into the log's (the records
-  are cut at the pieces' boundaries);
+  ``gc.freeze`` first, so that the rules' pages stay shared): each runs one grep (the scanner's command) over
+  everything it is sent, and grep's records through a LineMatcher whose ``base`` turns the worker's own line
+  numbers into the log's (the records are cut at the pieces' boundaries);
 - main thread: waits for the workers' results (showing progress) and merges them: matches in line order,
   detection counts summed, each engine's first version line, each rule's first hit and its count, the runtime
   buckets (RuntimeTracker.absorb: the timeline is defined per window of line numbers, so it merges exactly).
 tests/diagnose/test_parallel.py checks that the result equals the one-process path on every fixture, cut into
-tiny pieces. Used for logs of ``PARALLEL_MIN_BYTES`` or more (compressed: as stored) on Linux with three or more
-usable cores, when grep does the scanning; ``OOMDOCTOR_JOBS=N`` sets the number of workers (``1``: one process).
+tiny pieces. Used for logs of ``PARALLEL_MIN_BYTES`` or more (compressed: an eighth of it, as stored) on Linux
+with three or more usable cores, when grep does the scanning, with ``MAX_JOBS`` workers; ``OOMDOCTOR_JOBS=N`` sets
+the number of workers for any log (``1``: one process).
 """
 from __future__ import annotations
 

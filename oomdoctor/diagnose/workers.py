@@ -190,7 +190,8 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
         proc.wait()
         feeder.join()
         if proc.returncode not in (0, 1):
-            raise BadInput(f"cannot be scanned ({proc.stderr.read().decode(errors='replace').strip() or 'grep exit ' + str(proc.returncode)})")
+            why = proc.stderr.read().decode(errors="replace").strip() or f"grep exit {proc.returncode}"
+            raise BadInput(f"cannot be scanned ({why})")
         if err:
             raise BadInput(f"cannot be scanned ({err[0]})")
         for b in runtime._buckets.values():
