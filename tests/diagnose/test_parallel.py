@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,6 +105,20 @@ def test_cut_badly_same_as_one_process(tmp_path, case):
     assert want["class"][0] == "kv_preemption" or want["root"] is not None
     rt = want["runtime"]
     assert rt["stats_lines"] > MAX_SAMPLES > len(rt["timeline"])      # the timeline's window widened
+
+
+@needs_fork
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd program to build the log")
+def test_a_zstd_log_same_as_one_process(tmp_path):
+    raw = tmp_path / "serve.log"
+    raw.write_bytes(serving_log(9000, seed=9, long_every=101))
+    log = tmp_path / "serve.log.zst"
+    subprocess.run(["zstd", "-q", "-f", str(raw), "-o", str(log)], check=True)
+    want = summary(diagnose_file(log, RULES))
+    for jobs, piece in ((2, 1000), (3, 4096)):
+        assert summary(in_parallel(log, jobs, piece)) == want, (jobs, piece)
+    assert want["source"][4] and want["class"][0] == "runtime_oom"
 
 
 @needs_fork
