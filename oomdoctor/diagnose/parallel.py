@@ -29,17 +29,16 @@ import pickle
 import select
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Iterable, NoReturn
+from typing import Iterable, NoReturn
 
-from oomdoctor.diagnose.feed import _feed_gzip, _feed_zstd, _read_plain, is_zstd
+from oomdoctor.diagnose.feed import _feed_gzip, _read_plain, is_zstd
 from oomdoctor.diagnose.match import MAX_STORED_MATCHES, Match, Matched
 from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import SourceInfo, probe
 from oomdoctor.diagnose.rules import EngineSpec, Rule
-from oomdoctor.diagnose.scan import _ere
+from oomdoctor.diagnose.scan import compression_of, fill_info, finish_side, grep_command, grep_env, write_pattern
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.workers import _F_GETPIPE_SZ, _F_SETPIPE_SZ, _HEAD, PIECE, _worker
 from oomdoctor.errors import BadInput
@@ -206,17 +205,12 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
                    piece: int | None = None) -> Matched:
     """The parallel scan and match of ``path`` with ``jobs`` workers; fills ``info`` as scan.scan_blocks does."""
     path = Path(path)
-    gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
-    info.compressed = bool(gz)
+    gz = compression_of(path, info)
     feeder = gz if callable(gz) else (_feed_gzip if gz else None)
-    anchors = sorted({a for a in anchors if a})
-    grep_anchors = [a for a in anchors if b"\n" not in a]
-    env = dict(os.environ, LC_ALL="C")
-    env.pop("GREP_OPTIONS", None)
-    with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
-        tf.write(_ere(grep_anchors) + b"\n")
-        pattern_file = tf.name
-    cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
+    grep_anchors = sorted({a for a in anchors if a and b"\n" not in a})
+    pattern_file = write_pattern(grep_anchors)
+    cmd = grep_command(grep, pattern_file)
+    env = grep_env()
     pids: list[int] = []
     data_w: list[int] = []
     result_r: list[int] = []
@@ -239,11 +233,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
         thread.start()
         parts = _collect(result_r, side, progress, progress_of)
         thread.join()
-        if progress is not None:
-            tally = side.get("tally")
-            progress.done(tally.offset if tally is not None else 0, side.get("lines", 0))
-        if "error" in side:
-            raise BadInput(f"{path}: {side['error']}")
+        finish_side(path, side, progress)
         for p in parts:
             if "error" in p:
                 raise BadInput(f"{path}: {p['error']}")
@@ -254,10 +244,7 @@ def scan_and_match(path: str | os.PathLike, anchors: Iterable[bytes], info: Sour
         if thread is not None:
             thread.join()
         os.unlink(pattern_file)
-        info.sha256 = side.get("sha256", "")
-        info.size_bytes = side.get("size", 0)
-        info.lines = side.get("lines", 0)
-        info.cut_lines = list(side.get("cut_lines", []))
+        fill_info(info, side)
 
 
 _WorkerArgs = tuple[Path, list[str], dict, list[bytes], list[Rule], list[EngineSpec]]

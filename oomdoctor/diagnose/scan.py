@@ -67,24 +67,72 @@ def _ere(anchors: list[bytes]) -> bytes:
     return b"|".join(re.sub(rb"([.\[\]()*+?{}|^$\\])", rb"\\\1", a) for a in anchors)
 
 
+def grep_env() -> dict[str, str]:
+    """The environment grep runs in: bytes as bytes (LC_ALL=C), no options from GREP_OPTIONS."""
+    env = dict(os.environ, LC_ALL="C")
+    env.pop("GREP_OPTIONS", None)            # old greps read options from it (e.g. --color=always)
+    return env
+
+
+def write_pattern(grep_anchors: list[bytes]) -> str:
+    """A temporary file holding the anchors' ERE (grep -f): its path; the caller removes it."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
+        tf.write(_ere(grep_anchors) + b"\n")
+        return tf.name
+
+
+def grep_command(grep: str, pattern_file: str) -> list[str]:
+    return [grep, "-a", "-n", "-E", "-f", pattern_file]
+
+
+def grep_failure(returncode: int | None, stderr: IO[bytes] | None) -> str | None:
+    """Why grep failed (its exit status is neither 0, lines found, nor 1, none found), or None."""
+    if returncode in (0, 1):
+        return None
+    err = stderr.read().decode(errors="replace").strip() if stderr is not None else ""
+    return f"cannot be scanned ({err or 'grep exit ' + str(returncode)})"
+
+
+def compression_of(path: Path, info: SourceInfo) -> Callable | bool:
+    """The log's compression as the readers take it: feed._feed_zstd for zstd, True for gzip, False for none
+    (``info.compressed`` set)."""
+    gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
+    info.compressed = bool(gz)
+    return gz
+
+
+def finish_side(path: Path, side: dict, progress: Progress | None) -> None:
+    """After the side thread (feed.py) ended: the progress line's last word, and its error, if any, as BadInput."""
+    if progress is not None:
+        tally = side.get("tally")
+        progress.done(tally.offset if tally is not None else 0, side.get("lines", 0))
+    if "error" in side:
+        raise BadInput(f"{path}: {side['error']}")
+
+
+def fill_info(info: SourceInfo, side: dict) -> None:
+    """What the side thread counted, into the log's SourceInfo."""
+    info.sha256 = side.get("sha256", "")
+    info.size_bytes = side.get("size", 0)
+    info.lines = side.get("lines", 0)
+    info.cut_lines = list(side.get("cut_lines", []))
+
+
 def _start_grep(path: Path, anchors: list[bytes], gz: Callable | bool, grep: str,
                 side: dict) -> tuple[subprocess.Popen[bytes] | None, threading.Thread, str | None]:
     """grep over the file (or over the decompressed stream fed to its stdin; ``gz``: True for gzip, or the feeding
     function, e.g. feed._feed_zstd), and the thread that hashes and counts the file meanwhile. Returns (grep process
     or None when there is nothing to look for, thread, pattern file)."""
     feeder = gz if callable(gz) else _feed_gzip
-    env = dict(os.environ, LC_ALL="C")
-    env.pop("GREP_OPTIONS", None)            # old greps read options from it (e.g. --color=always)
+    env = grep_env()
     # an anchor holding a newline can never match a line (python path neither); drop it from grep's pattern
     grep_anchors = [a for a in anchors if b"\n" not in a]
     if not grep_anchors:                     # nothing to look for: still hash and count
         worker = threading.Thread(target=(feeder if gz else _read_plain),
                                   args=((path, io.BytesIO(), side) if gz else (path, side)), daemon=True)
         return None, worker, None
-    with tempfile.NamedTemporaryFile("wb", suffix=".ere", delete=False) as tf:
-        tf.write(_ere(grep_anchors) + b"\n")
-        pattern_file = tf.name
-    cmd = [grep, "-a", "-n", "-E", "-f", pattern_file]
+    pattern_file = write_pattern(grep_anchors)
+    cmd = grep_command(grep, pattern_file)
     if gz:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         worker = threading.Thread(target=feeder, args=(path, proc.stdin, side), daemon=True)
@@ -247,8 +295,7 @@ def _stop_grep(proc: subprocess.Popen[bytes] | None, worker: threading.Thread, p
 def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, grep: str,
                 progress: Progress | None = None) -> Iterator[bytes | tuple[int, bytes]]:
     path = Path(path)
-    gz: Callable | bool = _feed_zstd if is_zstd(path) else probe(path)[0]
-    info.compressed = bool(gz)
+    gz = compression_of(path, info)
     anchors = sorted({a for a in anchors if a})
     rx = LazyAnchors(anchors)
     side: dict = {}
@@ -262,20 +309,13 @@ def _grep_items(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceI
                     progress.update(side["tally"].offset, _last_line(item))
             proc.wait()
         worker.join()
-        if progress is not None:
-            tally = side.get("tally")
-            progress.done(tally.offset if tally is not None else 0, side.get("lines", 0))
-        if "error" in side:
-            raise BadInput(f"{path}: {side['error']}")
-        if proc is not None and proc.returncode not in (0, 1):
-            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
-            raise BadInput(f"{path}: cannot be scanned ({err or 'grep exit ' + str(proc.returncode)})")
+        finish_side(path, side, progress)
+        why = grep_failure(proc.returncode, proc.stderr) if proc is not None else None
+        if why:
+            raise BadInput(f"{path}: {why}")
     finally:
         _stop_grep(proc, worker, pattern_file)
-        info.sha256 = side.get("sha256", "")
-        info.size_bytes = side.get("size", 0)
-        info.lines = side.get("lines", 0)
-        info.cut_lines = list(side.get("cut_lines", []))
+        fill_info(info, side)
 
 
 def scan_grep(path: str | os.PathLike, anchors: Iterable[bytes], info: SourceInfo, grep: str) -> Iterator[tuple[int, bytes]]:

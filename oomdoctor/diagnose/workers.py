@@ -19,9 +19,9 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-from oomdoctor.diagnose.match import LineMatcher, Match
+from oomdoctor.diagnose.match import LineMatcher, Match, _record_number
 from oomdoctor.diagnose.rules import EngineSpec, Rule
-from oomdoctor.diagnose.scan import LazyAnchors, _grep_blocks
+from oomdoctor.diagnose.scan import LazyAnchors, _grep_blocks, _last_line, grep_failure
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.errors import BadInput
 
@@ -131,15 +131,10 @@ def _forward(fd: int, stdin: Any, path: Path, starts: list[int], bases: list[int
             pass
 
 
-def _record_no(rec: bytes) -> int:
-    return int(rec[:rec.find(b":")])
-
-
 def _feed_block(lm: LineMatcher, block: bytes, starts: list[int], bases: list[int]) -> None:
     """grep -n records of this worker, cut where a piece begins, each run with its piece's base."""
-    first = bisect_right(starts, _record_no(block)) - 1
-    tail = block.rfind(b"\n") + 1
-    last = bisect_right(starts, _record_no(block[tail:])) - 1
+    first = bisect_right(starts, _record_number(block)) - 1
+    last = bisect_right(starts, _last_line(block)) - 1
     if first == last:
         lm.base = bases[first]
         lm.add_block(block)
@@ -147,7 +142,7 @@ def _feed_block(lm: LineMatcher, block: bytes, starts: list[int], bases: list[in
     recs = block.split(b"\n")
     lo = 0
     for i in range(first, last + 1):
-        hi = len(recs) if i == last else bisect_right(recs, starts[i + 1] - 1, lo, key=_record_no)
+        hi = len(recs) if i == last else bisect_right(recs, starts[i + 1] - 1, lo, key=_record_number)
         if hi > lo:
             lm.base = bases[i]
             lm.add_block(b"\n".join(recs[lo:hi]))
@@ -186,12 +181,12 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
                 done[0] = item[0]
             else:
                 _feed_block(lm, item, starts, bases)
-                done[0] = _record_no(item[item.rfind(b"\n") + 1:])
+                done[0] = _last_line(item)
         proc.wait()
         feeder.join()
-        if proc.returncode not in (0, 1):
-            why = proc.stderr.read().decode(errors="replace").strip() or f"grep exit {proc.returncode}"
-            raise BadInput(f"cannot be scanned ({why})")
+        why = grep_failure(proc.returncode, proc.stderr)
+        if why:
+            raise BadInput(why)
         if err:
             raise BadInput(f"cannot be scanned ({err[0]})")
         for b in runtime._buckets.values():
