@@ -28,7 +28,7 @@ from oomdoctor.diagnose.match import Match, Matched, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.scan import _grep_for, scan_blocks
+from oomdoctor.diagnose.scan import PARALLEL_MIN_COMPRESSED, _grep_for, scan_blocks
 
 __all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
            "select_root"]
@@ -304,14 +304,11 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
     return ev
 
 
-PARALLEL_FROM_BYTES = 8 << 20        # below this no log is scanned in parallel (parallel.jobs_for decides above)
-
-
 def _maybe_parallel(path: str | Path) -> bool:
     if os.environ.get("OOMDOCTOR_JOBS", "").strip():
         return True
     try:
-        return os.stat(path).st_size >= PARALLEL_FROM_BYTES
+        return os.stat(path).st_size >= PARALLEL_MIN_COMPRESSED      # parallel.jobs_for decides above
     except OSError:
         return False
 

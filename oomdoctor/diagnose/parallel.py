@@ -38,7 +38,8 @@ from oomdoctor.diagnose.match import MAX_STORED_MATCHES, Match, Matched
 from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import SourceInfo, probe
 from oomdoctor.diagnose.rules import EngineSpec, Rule
-from oomdoctor.diagnose.scan import compression_of, fill_info, finish_side, grep_command, grep_env, write_pattern
+from oomdoctor.diagnose.scan import (PARALLEL_MIN_BYTES, PARALLEL_MIN_COMPRESSED, compression_of, fill_info,
+                                     finish_side, grep_command, grep_env, write_pattern)
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.workers import _F_GETPIPE_SZ, _F_SETPIPE_SZ, _HEAD, PIECE, _worker
 from oomdoctor.errors import BadInput
@@ -49,8 +50,6 @@ try:                                    # POSIX only; elsewhere jobs_for says 0 
 except ImportError:  # pragma: no cover - Windows
     fcntl = termios = None  # type: ignore[assignment]
 
-PARALLEL_MIN_BYTES = 64 << 20   # of a plain log; a compressed one: an eighth of it, as stored (classify's
-                                # PARALLEL_FROM_BYTES, below which this module is not even imported)
 MAX_JOBS = 2   # by default: bench/bench_jobs.py on an idle 16-core host (docs/performance.md) — two workers bring the
                # stats-heavy log from 2.8x grep to 1.3x with the tree's PSS under 100 MB; three, 1.0x at 98-109 MB
 FILE_PIECE = 4 << 20            # a plain file's piece (sent as an offset)
@@ -73,7 +72,7 @@ def jobs_for(path: str | os.PathLike, grep: str | None, anchors: Iterable[bytes]
         cores = len(os.sched_getaffinity(0))
     except OSError:
         return 0
-    if size < PARALLEL_MIN_BYTES // 8 or cores < 3:
+    if size < PARALLEL_MIN_COMPRESSED or cores < 3:
         return 0
     if size < PARALLEL_MIN_BYTES and not (is_zstd(Path(path)) or probe(Path(path))[0]):
         return 0

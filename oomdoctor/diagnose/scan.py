@@ -34,6 +34,12 @@ from oomdoctor.diagnose.progress import Progress
 from oomdoctor.diagnose.read import MAX_LINE_BYTES, SourceInfo, is_utf16, iter_lines, probe
 
 
+# the logs diagnose/parallel.py takes (on three or more cores): a plain one of PARALLEL_MIN_BYTES or more, a compressed
+# one of PARALLEL_MIN_COMPRESSED or more as stored; below the latter that module is not even imported (classify)
+PARALLEL_MIN_BYTES = 64 << 20
+PARALLEL_MIN_COMPRESSED = PARALLEL_MIN_BYTES // 8
+
+
 def _anchor_regex(anchors: Iterable[bytes]) -> re.Pattern[bytes]:
     alts = sorted({a for a in anchors if a}, key=len, reverse=True)
     return re.compile(b"|".join(re.escape(a) for a in alts)) if alts else re.compile(b"(?!)")
