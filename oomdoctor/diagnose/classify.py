@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 from oomdoctor import contract
 from oomdoctor.errors import BadInput
+from oomdoctor.diagnose import paste
 from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.rulespec import nearest_covered
@@ -153,6 +154,8 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
                    phase_reached: str | None) -> None:
     if source.cut_lines:
         notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
+    if source.undone:
+        notes.append("read as a pasted log: " + "; ".join(source.undone))
     if root is None and klass == "unknown":
         if phase_reached == "runtime":
             notes.append("the engine started and served; no memory failure in the log")
@@ -315,8 +318,23 @@ def _maybe_parallel(path: str | Path) -> bool:
 
 def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None, engine_version: str | None = None,
                   metrics_text: str | None = None, scanner: str = "auto", progress: Any = None) -> Diagnosis:
-    """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None."""
-    info = SourceInfo(str(path))
+    """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None. A small plain log
+    is read with what pasting added undone (diagnose/paste.py); the source facts stay the log's own."""
+    with paste.readable(path) as pasted:
+        try:
+            diag = _diagnose_path(pasted.path, ruleset, engine, engine_version, metrics_text, scanner, progress,
+                                  SourceInfo(str(path), undone=pasted.undone))
+        except BadInput as e:
+            if pasted.undone:
+                raise BadInput(str(e).replace(str(pasted.path), str(path))) from None
+            raise
+    if pasted.undone:
+        diag.source.sha256, diag.source.size_bytes = pasted.sha256, pasted.size_bytes
+    return diag
+
+
+def _diagnose_path(path: Path, ruleset: RuleSet, engine: str | None, engine_version: str | None,
+                   metrics_text: str | None, scanner: str, progress: Any, info: SourceInfo) -> Diagnosis:
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
     if scanner != "python" and _maybe_parallel(path):
         from oomdoctor.diagnose import parallel            # imported only for a large log (start-up of small ones)

@@ -38,6 +38,7 @@ class SourceInfo:
     sha256: str = ""
     lines: int = 0
     cut_lines: list[int] = field(default_factory=list)   # line numbers longer than MAX_LINE_BYTES
+    undone: list[str] = field(default_factory=list)      # what pasting had added and was undone (diagnose/paste.py)
 
 
 def _kind(mode: int) -> str:

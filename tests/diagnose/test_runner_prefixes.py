@@ -31,6 +31,10 @@ PREFIXES = [
 ]
 
 
+# field-guide pastes hard-wrapped at a terminal's width, joined back by diagnose/paste.py when read as they are
+REWRAPPED = {"vllm-v0p-019.log", "oe-032.log"}
+
+
 def _key(d):
     return d.klass, d.phase, d.engine, d.rule, d.root.n if d.root else None
 
@@ -48,6 +52,8 @@ def test_a_runners_prefix_on_every_line_changes_no_diagnosis(prefix, plain, tmp_
         q = tmp_path / name
         q.write_text("".join(prefix + line for line in text.splitlines(True)), encoding="utf-8")
         got = _key(diagnose_file(q, RULES))
+        if name in REWRAPPED:       # the prefix after its terminal's wrap: no runner relays a piece of a line, so
+            got, want = got[:4], want[:4]   # the wrap stays (paste.py); only the root's line number may differ
         if got != want:
             changed.append(f"{name}: {want} -> {got}")
     assert not changed, "\n".join(changed)

@@ -1,0 +1,239 @@
+"""Stage 1b — undo what pasting did to a log, before anything reads it.
+
+A log a person pastes into a bug report, a forum or an e-mail has often been through a renderer on the way, and
+what the renderer added is not the engine's text: every line quoted (``> `` of a reply, nested ``> > ``), every line
+indented (a Markdown code block written by indentation, a list item), HTML escapes (``&quot;``, ``&#39;``, ``&lt;``
+from a saved page or a mail), formatting tags (``<pre><code>``, ``<span ...>``), non-breaking spaces for the blanks
+of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../vllm/engine/multip`` then
+``rocessing/engine.py", line 390, ...``). Each of these is undone only when the paste as a whole shows it:
+
+* quote markers: at least half of the non-blank lines start with ``>`` (a Python prompt ``>>> `` is not one);
+  the depth all of them share is removed;
+* indentation: the leading blanks that every non-blank line (two or more) shares; a complete engine log always has
+  lines at column 0. When the least indented lines are Python frame lines (``File "..."``), their two blanks stay;
+* HTML: an entity reference (no engine prints one), or two formatting tags, one of them opening a line;
+  ``<module>``, ``<eval_with_key>`` and the like are Python's, not HTML, and stay;
+* non-breaking spaces: become spaces;
+* hard wraps: two or more lines of one length W (60-512 characters) break inside a word, a path, a
+  figure or at one blank into a next line that starts no record of its own (no time stamp, level, process or
+  launcher prefix, frame, ``Traceback``, exception, blank or indented line) and does not start like the line
+  itself; then, when at least as many lines are W long as are longer (a paste of pieces may hold a few longer
+  lines that no terminal wrapped; a long log's repeated multi-line record has many longer lines around it), every
+  line of length W that goes on so is joined with its continuation(s).
+
+Undoing a quote, an indentation or HTML keeps every line where it was, so the line numbers the card cites are the
+paste's own; joining wrapped lines makes one line of several (the frames and the exception they belong to must
+stay as near as the engine printed them), and the note says how many lines the paste had and has. Only a plain
+file of at most ``PASTE_MAX_BYTES`` is looked at (a paste is small; a large log is an engine's own file, read as it
+is); a compressed or UTF-16 log is read as it is. Every test here is a linear pass; nothing is executed.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from oomdoctor.diagnose.parse import WRAPPER_RE
+
+PASTE_MAX_BYTES = 2 << 20
+WRAP_MIN, WRAP_MAX = 60, 512
+
+_QUOTE_RE = re.compile(r"^ {0,3}((?:> ?){1,16})")
+_QUOTED_BYTES_RE = re.compile(rb"(?m)^ {0,3}>")
+_ENTITY_RE = re.compile(r"&(?:quot|apos|lt|gt|amp|nbsp|#\d{1,7}|#[xX][0-9a-fA-F]{1,6});")
+_TAG_RE = re.compile(r"</?(?:pre|code|span|div|p|br|b|i|em|strong|h[1-6]|details|summary|kbd|samp|tt|font|"
+                     r"blockquote|ul|ol|li|table|tr|td|th)(?:\s[^<>\n]{0,1000})?/?>", re.I)
+_FRAME_RE = re.compile(r'^\s*File "')
+# a line that starts a record of its own (so the line before it was not wrapped into it)
+_RECORD_RE = re.compile(
+    r"^(?:\s*$|\s\s|\s+File \"|Traceback |(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b"
+    r"|\([\w .:=,-]{0,80}pid=\d|\(raylet|\[\d{4}-\d\d-\d\d|\[[A-Za-z][\w/|.:-]{0,80}\]|\d{4}-\d\d-\d\d"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:|time=|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Warning|Interrupt|Exit)\b"
+    r"|main: |[a-z][a-z0-9]{0,31}_[a-z0-9_]{0,63}: "    # llama.cpp's "llama_model_load: ", "main: "
+    r"|(?:srv|slot|que|cmn|mtmd|res|ctx) {1,12}[a-z_][a-z0-9_]{0,63}: )")   # llama-server's "srv    load_model: "
+_SEPARATOR_RE = re.compile(r"^(.)\1*$")
+_LOGFMT_KEY_RE = re.compile(r"[A-Za-z_][\w.]{0,63}=")
+_LOGFMT_END_RE = re.compile(r"(?:^| )[A-Za-z_][\w.]{0,63}=(?:\"[^\"]{0,400}\"|[^\s\"=]{1,400})$")
+
+
+def _nonblank(lines: list[str]) -> list[str]:
+    return [ln for ln in lines if ln.strip()]
+
+
+def _unhtml(lines: list[str], undone: list[str]) -> list[str]:
+    entities = sum(len(_ENTITY_RE.findall(ln)) for ln in lines)
+    tags = sum(len(_TAG_RE.findall(ln)) for ln in lines)
+    # a prompt in a serving log may hold a tag or two: the page's own tags open lines (<pre><code>, <h1>)
+    if not entities and not (tags >= 2 and any(_TAG_RE.match(ln.lstrip()) for ln in lines)):
+        return lines
+    undone.append("HTML tags and escapes removed")
+    return [html.unescape(_TAG_RE.sub("", ln)) for ln in lines]
+
+
+def _unquote(lines: list[str], undone: list[str]) -> list[str]:
+    body = _nonblank(lines)
+    depths = []
+    for ln in body:
+        m = _QUOTE_RE.match(ln)
+        if m and not ln.lstrip().startswith(">>> "):
+            depths.append(m.group(1).count(">"))
+    if not body or len(depths) * 2 < len(body):
+        return lines
+    depth = min(depths)
+    undone.append("'>' quote markers removed" if depth == 1 else f"{depth} levels of '>' quote markers removed")
+    out = []
+    for ln in lines:
+        m = _QUOTE_RE.match(ln)
+        if m and not ln.lstrip().startswith(">>> "):
+            cut, seen = m.start(1), 0
+            while seen < depth and cut < len(ln) and ln[cut] == ">":
+                cut += 1
+                seen += 1
+                if cut < len(ln) and ln[cut] == " ":
+                    cut += 1
+            ln = ln[cut:]
+        out.append(ln)
+    return out
+
+
+def _dedent(lines: list[str], undone: list[str]) -> list[str]:
+    first = next((ln for ln in lines if ln.strip()), "")
+    if first[:1] not in (" ", "\t"):         # a line at column 0: no margin is shared (the common case, at once)
+        return lines
+    body = _nonblank(lines)
+    if len(body) < 2:           # one line's indentation may be its own (pydantic's "  Value error, ...")
+        return lines
+    margin = min(len(ln) - len(ln.lstrip(" \t")) for ln in body)
+    if margin == 0:
+        return lines
+    prefix = body[0][:margin]
+    if any(not ln.startswith(prefix) for ln in body):      # mixed tabs and blanks: not one shared margin
+        return lines
+    least = [ln for ln in body if len(ln) - len(ln.lstrip(" \t")) == margin]
+    if all(_FRAME_RE.match(ln) for ln in least):        # a traceback's frames only: their own indentation stays
+        margin -= 2
+        if margin <= 0:
+            return lines
+    undone.append(f"an indentation of {margin} shared by every line removed")
+    return [ln[margin:] if not ln[:margin].strip() else ln for ln in lines]
+
+
+_DIGITS = str.maketrans("123456789", "000000000")
+
+
+def _head(line: str) -> str:
+    return line[:8].translate(_DIGITS)
+
+
+def _wrap_width(lines: list[str], lens: list[int]) -> int | None:
+    """The width the paste was hard-wrapped at, or None: the length (WRAP_MIN-WRAP_MAX) of the most lines that break
+    inside a word, a path, a figure or at one blank (not between two) into a next line that is no record of its own
+    and does not start like the line itself (a record repeated with figures of one width is not a wrap, nor is a
+    table's row) — at least two such breaks, and no fewer lines of length W than lines longer than W."""
+    breaks: dict[int, int] = {}
+    for i in range(len(lines) - 1):
+        ln, nxt = lines[i].rstrip("\r"), lines[i + 1]
+        if (WRAP_MIN <= lens[i] <= WRAP_MAX and nxt and not (ln[-1].isspace() and nxt[0].isspace())
+                and _head(nxt) != _head(ln) and ln.count("|") < 3      # a table's rows are of one width too
+                and not _RECORD_RE.match(nxt) and not WRAPPER_RE.match(nxt)):
+            breaks[lens[i]] = breaks.get(lens[i], 0) + 1
+    width, count = max(breaks.items(), key=lambda kv: (kv[1], kv[0]), default=(0, 0))
+    if count < 2:
+        return None
+    # a terminal makes a W-wide piece of every longer line: few lines stay longer than W (a multi-line record
+    # that a long log repeats is of one width too, among many longer lines)
+    return width if lens.count(width) >= sum(1 for n in lens if n > width) else None
+
+
+def _unwrap(lines: list[str], undone: list[str]) -> list[str]:
+    lens = [len(ln.rstrip("\r")) for ln in lines]
+    width = _wrap_width(lines, lens)
+    if width is None:
+        return lines
+
+    def goes_on(i: int) -> bool:
+        return (lens[i] == width and i + 1 < len(lines) and not _SEPARATOR_RE.match(lines[i].rstrip("\r"))
+                and not _RECORD_RE.match(lines[i + 1]) and not WRAPPER_RE.match(lines[i + 1]))
+    out = []
+    i = 0
+    while i < len(lines):
+        j = i
+        joined = lines[i].rstrip("\r")
+        while goes_on(j):
+            j += 1
+            # a logfmt field ("layers.split=...", Ollama's and TGI's records) after a whole one ("layers.offload=44")
+            # is a word of its own: the renderer wrapped at the blank between them and dropped it (a terminal
+            # breaks anywhere, "level=INFO sour" / "ce=memory.go:309", and drops nothing)
+            blank = _LOGFMT_KEY_RE.match(lines[j]) and _LOGFMT_END_RE.search(joined[-480:])   # bounded: linear
+            joined += (" " if blank else "") + lines[j].rstrip("\r")
+        out.append(joined if j > i else lines[i])
+        i = j + 1
+    undone.append(f"lines hard-wrapped at {width} characters joined (line numbers count the joined lines: the "
+                  f"paste's {len(lines)} are {len(out)})")
+    return out
+
+
+def undo(data: bytes) -> tuple[bytes, list[str]]:
+    """(the paste's text with what pasting added undone, what was undone); the input itself when nothing was."""
+    undone: list[str] = []
+    lines = data.decode("utf-8", errors="surrogateescape").split("\n")
+    if b"&" in data or b"<" in data:
+        lines = _unhtml(lines, undone)
+    if b"\xc2\xa0" in data:
+        lines = [ln.replace("\u00a0", " ") for ln in lines]
+        undone.append("non-breaking spaces made spaces")
+    if _QUOTED_BYTES_RE.search(data) or undone:
+        lines = _unquote(lines, undone)
+    lines = _dedent(lines, undone)
+    lines = _unwrap(lines, undone)
+    if not undone:
+        return data, []
+    return "\n".join(lines).encode("utf-8", errors="surrogateescape"), undone
+
+
+def _plain_small(path: Path) -> bytes | None:
+    """The bytes of a plain (not compressed, not UTF-16) regular file of at most PASTE_MAX_BYTES, else None."""
+    from oomdoctor.diagnose.feed import ZSTD_MAGIC
+    from oomdoctor.diagnose.read import GZIP_MAGIC, UTF16_BOMS, open_regular
+
+    try:
+        with open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size > PASTE_MAX_BYTES:
+                return None
+            data = f.read(PASTE_MAX_BYTES + 1)
+    except Exception:           # what cannot be read is refused by the reader itself, with its message
+        return None
+    if len(data) > PASTE_MAX_BYTES or data.startswith((GZIP_MAGIC, ZSTD_MAGIC) + UTF16_BOMS):
+        return None
+    return data
+
+
+@dataclass(frozen=True)
+class Paste:
+    path: Path                  # what to read: the log itself, or the private copy with the paste's additions undone
+    undone: list[str]           # what was undone (empty: nothing; ``path`` is the log)
+    sha256: str = ""            # of the log as given (the copy's own bytes differ)
+    size_bytes: int = 0
+
+
+@contextmanager
+def readable(path: str | os.PathLike) -> Iterator[Paste]:
+    """The log to read for ``path``: itself, or a private copy with what pasting added undone (removed on exit)."""
+    path = Path(path)
+    data = _plain_small(path)
+    text, undone = undo(data) if data else (b"", [])
+    if not undone or data is None:
+        yield Paste(path, [])
+        return
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-paste-") as d:
+        tmp = Path(d) / "paste.log"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        yield Paste(tmp, undone, hashlib.sha256(data).hexdigest(), len(data))
