@@ -27,7 +27,7 @@ ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status",
-             "likely_phase", "frames", "root_in", "confidence"}
+             "likely_phase", "frames", "root_in", "confidence", "after"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
 ENGINE_KEYS = {"engine", "name", "covers", "detect", "detect_lines", "version_patterns", "phases", "preemption_counters",
@@ -242,8 +242,17 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         title=d.get("title", ""), klass=klass, class_by_phase=dict(cbp), phase=phase, reaches=reaches,
         priority=prio, fallback=bool(d.get("fallback", False)), message=str(d.get("message", "")).strip(),
         numbers=numbers, levers=list(levers), tests=tests, likely_phase=_likely(d, cbp, where),
-        root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where),
+        root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where), after=_after(d, role, where),
     )
+
+
+def _after(d: dict, role: str, where: str) -> tuple[str, ...]:
+    xs = d.get("after")
+    if xs is None:
+        return ()
+    if role != "root" or not isinstance(xs, list) or not xs or not all(isinstance(x, str) and x for x in xs):
+        raise RuleError(f"{where}: 'after' is a list of rule ids, for a root rule")
+    return tuple(xs)
 
 
 def _confidence(d: dict, where: str) -> str | None:
@@ -385,6 +394,10 @@ def load_rules(root: Path) -> RuleSet:
                 if not name:
                     generic_ids[r.id] = item["id"]
     docs.save()
+    for r in rules:
+        missing = [x for x in r.after if x not in seen]
+        if missing:
+            raise RuleError(f"{r.path} [{r.id}]: 'after' names no rule: {', '.join(missing)}")
     return RuleSet(engines, rules, generic_ids)
 
 

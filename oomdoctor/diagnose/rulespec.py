@@ -250,6 +250,7 @@ class Rule:
     likely_phase: str | None = None      # the phase to report when the paste shows none (confidence low)
     root_in: str = ""                    # cascade: where the root cause was printed and how to get it
     confidence: str | None = None        # the most a match of this rule can claim (a cut traceback: low)
+    after: tuple[str, ...] = ()          # a root only after a line of one of these rules (the evidence it needs)
 
     def applies_to(self, version: str | None) -> bool:
         return version is None or version_in(version, self.versions)

@@ -214,7 +214,10 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     def not_a_cut_traceback(m: Match) -> bool:
         return _is_frame_line(m) and (_logged_stack(m) or id(m) in complete)
 
-    return [m for m in keep if m.rule.role == "root" and not (
+    def without_its_evidence(m: Match) -> bool:     # `after:` the line that makes it this failure came before it
+        return bool(m.rule.after) and not any(x.n < m.n and x.rule.id in m.rule.after for x in keep)
+
+    return [m for m in keep if m.rule.role == "root" and not without_its_evidence(m) and not (
         m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m)))]
 
 

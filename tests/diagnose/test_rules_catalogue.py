@@ -303,6 +303,10 @@ BAD_RULES = {
     "unknown_field": (GOOD_RULE.replace("demo.ok", "demo.bad") + "severity: high\n", "unknown field"),
     "milestone_without_reaches": ("id: demo.bad\nengine: demo\nrole: milestone\npatterns: ['demo engine ready']\n",
                                   "needs 'reaches"),
+    "after_names_no_rule": (GOOD_RULE.replace("demo.ok", "demo.bad") + "after: [demo.nowhere]\n",
+                            "'after' names no rule: demo.nowhere"),
+    "after_on_a_milestone": ("id: demo.bad\nengine: demo\nrole: milestone\nreaches: weights_load\n"
+                             "patterns: ['demo engine ready']\nafter: [demo.ok]\n", "'after' is a list of rule ids"),
 }
 
 
