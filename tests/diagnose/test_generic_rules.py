@@ -69,7 +69,8 @@ def test_a_log_of_an_engine_takes_that_engines_copy(tmp_path):
 
 
 def test_the_bundled_generic_rules_are_every_engines():
-    for rid in ("container.nvidia_container_cli", "neuron.device_alloc_failed", "process.fatal_signal"):
+    for rid in ("container.nvidia_container_cli", "neuron.device_alloc_failed", "process.fatal_signal",
+                "process.cxx_terminate", "process.cxx_what"):
         assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
 
 
@@ -89,3 +90,19 @@ def test_a_neuron_device_allocation_failure_is_an_oom_of_a_likely_phase():
 def test_the_runtimes_info_breakdown_is_no_failure():
     d = diagnose_file(LOGS / "neuron-runtime-quoted" / "neff_memory_info.log", RULES)
     assert (d.klass, d.rule) == ("unknown", None)
+
+
+def test_an_uncaught_cuda_error_of_no_engine_is_not_memory_and_names_no_engine():
+    # libstdc++'s terminate report (it used to be LMDeploy's rule, so any C++ abort was called LMDeploy's)
+    d = diagnose_file(LOGS / "cxx-terminate-quoted" / "cuda_error_what.log", RULES)
+    assert (d.klass, d.engine, d.rule, d.root.n) == ("not_memory", None, "process.cxx_what", 3)
+
+
+def test_an_uncaught_out_of_memory_error_is_still_a_memory_failure():
+    d = diagnose_file(LOGS / "cxx-terminate-quoted" / "oom_what.log", RULES)
+    assert d.is_memory_failure and d.rule.endswith("cuda_oom.torch") and d.root.n == 3
+
+
+def test_turbominds_uncaught_oom_stays_lmdeploys():
+    d = diagnose_file(LOGS / "field-guide" / "oe-049.log", RULES)
+    assert (d.klass, d.engine) == ("runtime_oom", "lmdeploy")
