@@ -227,6 +227,9 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
     if role in ("milestone", "frame", "serving"):
         if reaches not in contract.PHASES:
             raise RuleError(f"{where}: a {role} rule needs 'reaches: <phase>' (one of {', '.join(contract.PHASES)})")
+    elif reaches is not None and (role != "cascade" or reaches not in contract.PHASES):
+        raise RuleError(f"{where}: 'reaches' is for milestone, frame, serving and cascade rules (one of "
+                        f"{', '.join(contract.PHASES)})")
     pats = list(d.get("patterns") or [])
     if "frames" in d:
         if role != "frame":
