@@ -23,6 +23,7 @@ RULES = default_rules()
     ("ollama_discovery_took.log", "ollama"),
     ("llamacpp_metal_command_buffer.log", "llamacpp"),
     ("vllm_offline_progress.log", "vllm"),
+    ("vllm_autofit_reduced.log", "vllm"),
 ])
 def test_a_paste_of_only_unread_lines_names_its_engine(name, engine):
     d = diagnose_file(LOGS / name, RULES)
