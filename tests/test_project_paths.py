@@ -34,6 +34,8 @@ def test_the_documents_the_project_cites_are_in_it() -> None:
         assert (ROOT / rel).is_file(), rel
     cited = set()
     for p in _text_files():
+        if p.parent.name == "heldout" and p.name.startswith("manifest"):
+            continue        # the held-out sets point into other repositories (their own docs/*.md)
         if p.suffix in (".md", ".py", ".yaml", ".sh"):
             cited.update(re.findall(r"docs/[a-z_-]+\.md", p.read_text(errors="replace")))
     missing = sorted(c for c in cited if not (ROOT / c).is_file())

@@ -14,7 +14,7 @@ of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../
 * HTML: an entity reference (no engine prints one), or two formatting tags, one of them opening a line;
   ``<module>``, ``<eval_with_key>`` and the like are Python's, not HTML, and stay;
 * non-breaking spaces: become spaces;
-* hard wraps: two or more lines of one length W (60-512 characters) break inside a word, a path, a
+* hard wraps: two or more different lines of one length W (60-512 characters) break inside a word, a path, a
   figure or at one blank into a next line that starts no record of its own (no time stamp, level, process or
   launcher prefix, frame, ``Traceback``, exception, blank or indented line) and does not start like the line
   itself; then, when at least as many lines are W long as are longer (a paste of pieces may hold a few longer
@@ -53,7 +53,7 @@ _FRAME_RE = re.compile(r'^\s*File "')
 # a line that starts a record of its own (so the line before it was not wrapped into it)
 _RECORD_RE = re.compile(
     r"^(?:\s*$|\s\s|\s+File \"|Traceback |(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b"
-    r"|\([\w .:=,-]{0,80}pid=\d|\(raylet|\[\d{4}-\d\d-\d\d|\[[A-Za-z][\w/|.:-]{0,80}\]|\d{4}-\d\d-\d\d"
+    r"|\([\w .:=,-]{0,80}pid=\d|\(raylet|\[\d{4}-\d\d-\d\d|\[[IWEF]\d{4} |\[[A-Za-z][\w/|.:-]{0,80}\]|\d{4}-\d\d-\d\d"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:|time=|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Warning|Interrupt|Exit)\b"
     r"|main: |[a-z][a-z0-9]{0,31}_[a-z0-9_]{0,63}: "    # llama.cpp's "llama_model_load: ", "main: "
     r"|(?:srv|slot|que|cmn|mtmd|res|ctx) {1,12}[a-z_][a-z0-9_]{0,63}: )")   # llama-server's "srv    load_model: "
@@ -135,16 +135,18 @@ def _wrap_width(lines: list[str], lens: list[int]) -> int | None:
     """The width the paste was hard-wrapped at, or None: the length (WRAP_MIN-WRAP_MAX) of the most lines that break
     inside a word, a path, a figure or at one blank (not between two) into a next line that is no record of its own
     and does not start like the line itself (a record repeated with figures of one width is not a wrap, nor is a
-    table's row) — at least two such breaks, and no fewer lines of length W than lines longer than W."""
-    breaks: dict[int, int] = {}
+    table's row) — at least two such breaks of different lines, and no fewer lines of length W than lines longer
+    than W."""
+    breaks: dict[int, set[str]] = {}
     for i in range(len(lines) - 1):
         ln, nxt = lines[i].rstrip("\r"), lines[i + 1]
         if (WRAP_MIN <= lens[i] <= WRAP_MAX and nxt and not (ln[-1].isspace() and nxt[0].isspace())
                 and _head(nxt) != _head(ln) and ln.count("|") < 3      # a table's rows are of one width too
                 and not _RECORD_RE.match(nxt) and not WRAPPER_RE.match(nxt)):
-            breaks[lens[i]] = breaks.get(lens[i], 0) + 1
-    width, count = max(breaks.items(), key=lambda kv: (kv[1], kv[0]), default=(0, 0))
-    if count < 2:
+            breaks.setdefault(lens[i], set()).add(ln)
+    # two different lines: one record repeated (a noisy rank's line between every other) is no wrap
+    width, seen = max(breaks.items(), key=lambda kv: (len(kv[1]), kv[0]), default=(0, set()))
+    if len(seen) < 2:
         return None
     # a terminal makes a W-wide piece of every longer line: few lines stay longer than W (a multi-line record
     # that a long log repeats is of one width too, among many longer lines)

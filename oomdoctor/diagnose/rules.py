@@ -19,8 +19,8 @@ from oomdoctor import contract, safeyaml
 from oomdoctor.errors import RuleError
 from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.paths import ENGINES_DIR
-from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _check_spec, anchors_of,
-                                         derive_anchor, parse_version, version_in)
+from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _after, _check_spec,
+                                         _confidence, _likely, anchors_of, derive_anchor, parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
 
 ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "ignored")
@@ -247,31 +247,6 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         numbers=numbers, levers=list(levers), tests=tests, likely_phase=_likely(d, cbp, where),
         root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where), after=_after(d, role, where),
     )
-
-
-def _after(d: dict, role: str, where: str) -> tuple[str, ...]:
-    xs = d.get("after")
-    if xs is None:
-        return ()
-    if role != "root" or not isinstance(xs, list) or not xs or not all(isinstance(x, str) and x for x in xs):
-        raise RuleError(f"{where}: 'after' is a list of rule ids, for a root rule")
-    return tuple(xs)
-
-
-def _confidence(d: dict, where: str) -> str | None:
-    c = d.get("confidence")
-    if c is not None and c not in ("high", "medium", "low"):
-        raise RuleError(f"{where}: confidence '{c}' is not high, medium or low")
-    return c
-
-
-def _likely(d: dict, cbp: dict, where: str) -> str | None:
-    lp = d.get("likely_phase")
-    if lp is None:
-        return None
-    if lp not in cbp:
-        raise RuleError(f"{where}: likely_phase '{lp}' is not a phase of its class_by_phase")
-    return str(lp)
 
 
 def _strings(d: dict, key: str, where: str, what: str, ok: Any = None) -> list[str]:

@@ -76,6 +76,32 @@ def nearest_covered(version: str, spec: str | None) -> str:
     return out
 
 
+# ----------------------------------------------------------------------------- rule fields (rules.build_rule)
+def _after(d: dict, role: str, where: str) -> tuple[str, ...]:
+    xs = d.get("after")
+    if xs is None:
+        return ()
+    if role != "root" or not isinstance(xs, list) or not xs or not all(isinstance(x, str) and x for x in xs):
+        raise RuleError(f"{where}: 'after' is a list of rule ids, for a root rule")
+    return tuple(xs)
+
+
+def _confidence(d: dict, where: str) -> str | None:
+    c = d.get("confidence")
+    if c is not None and c not in ("high", "medium", "low"):
+        raise RuleError(f"{where}: confidence '{c}' is not high, medium or low")
+    return c
+
+
+def _likely(d: dict, cbp: dict, where: str) -> str | None:
+    lp = d.get("likely_phase")
+    if lp is None:
+        return None
+    if lp not in cbp:
+        raise RuleError(f"{where}: likely_phase '{lp}' is not a phase of its class_by_phase")
+    return str(lp)
+
+
 def _check_spec(spec: Any, where: str) -> None:
     if spec is None:
         return

@@ -66,9 +66,11 @@ def _untouched(text: str) -> bool:
     return not undo(text.encode())[1]
 
 
-# one paste of each shape (a V1 worker traceback, a V0 traceback, llama.cpp and llama-server lines, TensorRT-LLM's)
-SOME = [c for c in CASES if c["id"] in ("vllm-v1-002", "vllm-v1-021", "vllm-v0p-007", "vllm-v0p-027", "oe-016",
-                                        "oe-017", "oe-044", "oe-046", "oe-051")]
+# one paste of each shape (a V1 worker traceback, a V0 traceback, llama-server lines, TensorRT-LLM's, LMDeploy's)
+# (not oe-016: one message repeated six times wraps into six identical lines, which no reader tells from a record
+# repeated before lines of its own)
+SOME = [c for c in CASES if c["id"] in ("vllm-v1-002", "vllm-v1-021", "vllm-v0p-007", "vllm-v0p-027", "oe-017",
+                                        "oe-044", "oe-046", "oe-051")]
 # wrapped so that no reader can join it back: the V0 worker prefix is exactly 80 wide (every break falls before a
 # frame's own indentation), and the SYCL device table of oe-033 cut at 120 loses the build path that names Ollama
 WRAP_LIMITS = {("vllm-v0p-010", 80), ("oe-033", 120)}
@@ -164,6 +166,14 @@ def test_a_wrap_that_dropped_the_blank_before_a_logfmt_field_gets_it_back():
 def test_what_is_no_render_is_left_as_it_is(name, why):
     data = (FIX / name).read_bytes()
     assert undo(data) == (data, []), why
+
+
+def test_a_record_repeated_between_every_line_is_no_wrap():
+    # a noisy rank's line of one width between every line of a log (tests/commands' interleaving check)
+    noise = "(Worker_TP1 pid=9) INFO 11-29 15:05:31 [custom_all_reduce.py:203] Registering 4563 cuda graph addresses"
+    text = (FIX / "vllm-0.25.1-h200" / "A_fail.log").read_text(encoding="utf-8")
+    mixed = "".join(ln + "\n" + noise + "\n" for ln in text.rstrip("\n").split("\n"))
+    assert undo(mixed.encode())[1] == []
 
 
 def test_no_log_of_the_project_but_three_pastes_is_rewritten():
