@@ -35,7 +35,11 @@ SGLANG_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: (?P<proc>(
 # quantifier per run, digit-uniform (the shape cache masks digits, shapes.py), and none is a bare "word: ":
 # * docker compose "svc-1  | ";
 # * ISO/CI timestamps with an optional level word and "(Process)" ("2026-03-04 18:02:11.408 [Error] (Process) ");
-#   a level word that vLLM's own "MM-DD HH:MM:SS" follows is vLLM's header, not the collector's (docker logs -t);
+#   a level word that vLLM's own "MM-DD HH:MM:SS" follows is vLLM's header, not the collector's (docker logs -t),
+#   and only a level's name is one (a message's "CUDA error: ..." after a time stamp is the message);
+#   Kubernetes' CRI log files (/var/log/pods/..., what `kubectl logs` reads) put "<RFC3339Nano> <stdout|stderr> <P|F> "
+#   before every line (containerd 301026e58 internal/cri/io/logger.go:33-38 and :133-145: time, stream, tag, each
+#   followed by ' ');
 # * torchrun's per-worker tee header "[{role}{local_rank}]:" (torch 2.5.1 distributed/elastic/multiprocessing/
 #   tail_log.py:121, written right before the line, no space; role "default" unless --role: distributed/run.py:520)
 #   and torch's "[rank{N}]:" (torch/_logging/_internal.py:808; a space follows in the relayed tracebacks);
@@ -58,8 +62,9 @@ WRAPPER_RE = re.compile(
     r"|\[pod/[a-z0-9][a-z0-9.-]{0,252}/[a-z0-9][a-z0-9.-]{0,62}\] "  # kubectl logs --prefix
     r"|(?:P\d{1,10} )? {0,9}\d{1,10}: "                               # srun --label
     r"|\(raylet(?:, ip=[\w.:]{1,64})?\) "
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?(?: ?[+-]\d\d:?\d\d)? {1,4}"
-    r"(?:-? ?(?:\[[A-Za-z]{1,10}\]|[A-Z]{4,8}) (?:- )?(?!\d\d-\d\d \d\d:))?(?:\(\w{1,32}\) )?"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?(?: ?[+-]\d\d:?\d\d)? {1,4}(?:std(?:out|err) [PF] )?"
+    r"(?:-? ?(?:\[[A-Za-z]{1,10}\]|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL)) (?:- )?"
+    r"(?!\d\d-\d\d \d\d:))?(?:\(\w{1,32}\) )?"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: )"
 )
 MAX_WRAPPERS = 4    # nested: "[pod/p/c] 2026-06-01T10:00:01.5Z [default0]:[rank0]: " is four

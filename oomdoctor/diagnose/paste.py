@@ -14,6 +14,8 @@ of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../
 * HTML: an entity reference (no engine prints one), or two formatting tags, one of them opening a line;
   ``<module>``, ``<eval_with_key>`` and the like are Python's, not HTML, and stay;
 * non-breaking spaces: become spaces;
+* Docker's json-file log (every line a JSON object with a "log" string): the text of the records;
+* ``cat -n`` line numbers (every non-blank line numbered, one after the other, then a tab): removed;
 * hard wraps: two or more different lines of one length W (60-512 characters) break inside a word, a path, a
   figure or at one blank into a next line that starts no record of its own (no time stamp, level, process or
   launcher prefix, frame, ``Traceback``, exception, blank or indented line) and does not start like the line
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import os
 import re
 import tempfile
@@ -181,10 +184,49 @@ def _unwrap(lines: list[str], undone: list[str]) -> list[str]:
     return out
 
 
+def _docker_json(lines: list[str], undone: list[str]) -> list[str]:
+    """Docker's json-file log (/var/lib/docker/containers/<id>/<id>-json.log): one JSON object per line, the output's
+    text in "log" (moby b985e2313a daemon/logger/jsonfilelog/jsonlog/jsonlog.go:8-17: log, stream, time, attrs). A
+    piece of a long line has no newline at its end and goes on in the next object."""
+    body = _nonblank(lines)
+    if not body or not all(ln.lstrip().startswith('{"') for ln in body[:8]):
+        return lines
+    texts = []
+    for ln in body:
+        try:
+            obj = json.loads(ln)
+        except (ValueError, RecursionError):
+            return lines
+        if not isinstance(obj, dict) or not isinstance(obj.get("log"), str):
+            return lines
+        texts.append(obj["log"])
+    undone.append(f"Docker's json-file records read ({len(texts)}): their \"log\" text")
+    return "".join(texts).rstrip("\n").split("\n")
+
+
+_NUMBERED_RE = re.compile(r"^ {0,12}(\d{1,12})\t")
+
+
+def _unnumber(lines: list[str], undone: list[str]) -> list[str]:
+    """``cat -n`` / ``nl``'s line numbers: the number right-aligned in six columns and a tab before every line
+    (coreutils aa0c0de35 src/cat.c:62-78 line_buf; ``cat -b`` numbers the non-blank lines only): all of them, one
+    after the other."""
+    nums = [m for m in (_NUMBERED_RE.match(ln) for ln in lines) if m]
+    body = _nonblank(lines)
+    if len(nums) < 2 or len(nums) < len(body):
+        return lines
+    if any(int(b.group(1)) != int(a.group(1)) + 1 for a, b in zip(nums, nums[1:])):
+        return lines
+    undone.append("cat -n line numbers removed")
+    return [ln[m.end():] if (m := _NUMBERED_RE.match(ln)) else ln for ln in lines]
+
+
 def undo(data: bytes) -> tuple[bytes, list[str]]:
     """(the paste's text with what pasting added undone, what was undone); the input itself when nothing was."""
     undone: list[str] = []
     lines = data.decode("utf-8", errors="surrogateescape").split("\n")
+    if data.lstrip()[:2] == b'{"':
+        lines = _docker_json(lines, undone)
     if b"&" in data or b"<" in data:
         lines = _unhtml(lines, undone)
     if b"\xc2\xa0" in data:
@@ -192,6 +234,8 @@ def undo(data: bytes) -> tuple[bytes, list[str]]:
         undone.append("non-breaking spaces made spaces")
     if _QUOTED_BYTES_RE.search(data) or undone:
         lines = _unquote(lines, undone)
+    if b"\t" in data:
+        lines = _unnumber(lines, undone)
     lines = _dedent(lines, undone)
     lines = _unwrap(lines, undone)
     if not undone:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import html
+import json
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ RENDERS = {
     "html escapes": lambda t: html.escape(t),
     "html page": lambda t: "<pre><code>" + html.escape(t) + "</code></pre>\n",
     "nbsp blanks": lambda t: t.replace(" ", "\u00a0"),
+    "cat -n": lambda t: "\n".join(f"{i:>6}\t{ln}" for i, ln in enumerate(_lines(t.rstrip("\n")), 1)) + "\n",
+    "docker json-file": lambda t: "".join(json.dumps({"log": ln + "\n", "stream": "stderr",
+                                                      "time": "2026-03-04T18:02:11.408123456Z"}) + "\n"
+                                          for ln in _lines(t.rstrip("\n"))),
 }
 
 
@@ -100,11 +105,13 @@ def test_a_render_is_undone_exactly(render):
         if not _untouched(text) or not text.strip():
             continue
         body = [ln for ln in _lines(text) if ln.strip()]
-        if render in ("markdown indent", "list-item tab") and (
-                len(body) < 2 or all(ln[:1] in (" ", "\t") for ln in body)):
+        if render in ("markdown indent", "list-item tab", "cat -n") and (
+                len(body) < 2 or all(ln[:1] in (" ", "\t") for ln in body) and render != "cat -n"):
             continue        # one line keeps its indentation; a paste indented already loses its own margin too
         got, undone = undo(RENDERS[render](text).encode())
         want = text if render != "html page" else text + "\n"
+        if render in ("cat -n", "docker json-file"):
+            want = text.rstrip("\n") + ("\n" if render == "cat -n" else "")
         assert got.decode() == want, (case["id"], undone)
 
 
@@ -258,3 +265,22 @@ def test_field_guide_paste_behind_docker_time_stamps_reads_the_same(tmp_path):
         stamped = "\n".join("2026-03-04T18:02:11.408123456Z " + ln for ln in _lines(text))
         d = _read(stamped, tmp_path)
         assert (d.klass, d.phase, d.engine) == _own(case), cid
+
+
+def test_a_docker_record_split_at_its_size_limit_is_one_line_again():
+    # moby writes a long line in pieces: the pieces but the last have no newline at the end of their "log"
+    records = [{"log": "RuntimeError: CUDA out of memory. Tried to ", "stream": "stderr", "time": "t"},
+               {"log": "allocate 2.00 GiB.\n", "stream": "stderr", "time": "t"}]
+    got, undone = undo("".join(json.dumps(r) + "\n" for r in records).encode())
+    assert got.decode() == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert undone == ['Docker\'s json-file records read (2): their "log" text']
+
+
+def test_json_lines_that_are_not_dockers_stay():
+    text = '{"level": "info", "msg": "started"}\n{"level": "error", "msg": "CUDA out of memory"}\n'
+    assert undo(text.encode()) == (text.encode(), [])
+
+
+def test_numbers_that_do_not_count_up_are_the_logs_own():
+    text = "3\tfirst\n9\tsecond\n4\tthird\n"
+    assert undo(text.encode()) == (text.encode(), [])

@@ -26,6 +26,7 @@ PREFIXES = [
     ("[pod/vllm-0/vllm] 2026-06-01T10:00:01.000000000Z [default0]:[rank0]: ",
      "kubectl logs --prefix --timestamps, then torchrun's tee header and torch's per-rank relay (four nested)"),
     (" 3: ", "srun --label: '%*d: ', the task id right-aligned (slurm write_labelled_message.c)"),
+    ("2026-06-01T10:00:01.123456789Z stderr F ", "Kubernetes' CRI log file: time, stream, tag (containerd logger.go)"),
     ("(pid=1234, ip=10.0.0.2) ", "Ray's nameless worker prefix (ray _private/worker.py print_worker_logs)"),
     ("(ServeReplica:default:VLLMDeployment pid=1234) ", "Ray Serve's replica actor (ray serve/_private/common.py:29)"),
 ]
