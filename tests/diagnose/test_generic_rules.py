@@ -106,3 +106,38 @@ def test_an_uncaught_out_of_memory_error_is_still_a_memory_failure():
 def test_turbominds_uncaught_oom_stays_lmdeploys():
     d = diagnose_file(LOGS / "field-guide" / "oe-049.log", RULES)
     assert (d.klass, d.engine) == ("runtime_oom", "lmdeploy")
+
+
+TOOLS = {   # fixtures/logs/<folder>/<file>: the rule of oomdoctor/engines/_generic/rules/tools.yaml that reads it
+    "shell-formatstrings/bash_script.log": "shell.command_not_found",
+    "shell-formatstrings/zsh.log": "shell.command_not_found",
+    "shell-formatstrings/dash.log": "shell.command_not_found",
+    "nohup-formatstrings/failed_to_run.log": "nohup.failed_to_run",
+    "build-formatstrings/make_link_failed.log": "build.ld_cannot_find",       # the linker's line, before collect2 and make
+    "build-formatstrings/make_old_error.log": "build.make_error",
+    "build-formatstrings/collect2_only.log": "build.collect2_ld_failed",
+    "urllib3-formatstrings/requests_refused_1.26.log": "client.connection_failed",
+    "urllib3-formatstrings/urllib3_2_refused.log": "client.connection_failed",
+    "transformers-formatstrings/trust_remote_code_4.30.log": "transformers.trust_remote_code",
+    "transformers-formatstrings/trust_remote_code_4.46.log": "transformers.trust_remote_code",
+}
+
+
+@pytest.mark.parametrize("rel", sorted(TOOLS))
+def test_a_tools_failure_is_not_memory_and_names_no_engine(rel):
+    d = diagnose_file(LOGS / rel, RULES)
+    assert (d.klass, d.engine, d.rule) == ("not_memory", None, TOOLS[rel])   # its own id, not an engine's fallback
+
+
+def test_the_tools_rules_are_every_engines():
+    for rid in set(TOOLS.values()):
+        assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
+
+
+def test_a_client_that_found_no_server_does_not_hide_the_servers_oom(tmp_path):
+    # the server ran out of memory at start-up; the benchmark client pasted after it could not connect
+    log = tmp_path / "server_then_client.log"
+    log.write_text((LOGS / "vllm-0.33.0-formatstrings" / "kv_capacity.log").read_text(encoding="utf-8")
+                   + (LOGS / "urllib3-formatstrings" / "requests_refused_1.26.log").read_text(encoding="utf-8"))
+    d = diagnose_file(log, RULES)
+    assert (d.klass, d.engine) == ("kv_capacity", "vllm")
