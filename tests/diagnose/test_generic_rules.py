@@ -141,3 +141,13 @@ def test_a_client_that_found_no_server_does_not_hide_the_servers_oom(tmp_path):
                    + (LOGS / "urllib3-formatstrings" / "requests_refused_1.26.log").read_text(encoding="utf-8"))
     d = diagnose_file(log, RULES)
     assert (d.klass, d.engine) == ("kv_capacity", "vllm")
+
+
+def test_a_wait_loops_print_of_a_refused_try_is_no_failure(tmp_path):
+    # a script polling /health while the server starts prints each refused try (not the exception's own line)
+    log = tmp_path / "wait.log"
+    log.write_text("Server not ready: HTTPConnectionPool(host='0.0.0.0', port=8000): Max retries exceeded with url: "
+                   "/health (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7d30b0f93950>: "
+                   "Failed to establish a new connection: [Errno 111] Connection refused'))\n", encoding="utf-8")
+    d = diagnose_file(log, RULES)
+    assert d.root is None and d.klass == "unknown"
