@@ -70,7 +70,7 @@ def test_a_log_of_an_engine_takes_that_engines_copy(tmp_path):
 
 def test_the_bundled_generic_rules_are_every_engines():
     for rid in ("container.nvidia_container_cli", "neuron.device_alloc_failed", "process.fatal_signal",
-                "process.cxx_terminate", "process.cxx_what"):
+                "process.cxx_terminate", "process.cxx_what", "torch.oom_figures", "hami.device_quota_oom"):
         assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
 
 
