@@ -15,14 +15,19 @@ decided from the strongest evidence present, in this order (``phase_basis`` in t
 - ``milestones``: the last start-up milestone of the same process (``high``), else of any process (``medium``).
 - ``serving``: a serving line (``role: serving`` rules, stats and rejection signals) before the error and after
   the last milestone: the engine was serving → ``runtime``.
+- a caller's report right after the error that names the step the error ended (a ``cascade`` rule with ``reaches``:
+  llama.cpp's "failed to create context with model" after a cudaMalloc failure), like an outer frame: ``frames``,
+  ``medium``.
 - ``likely``: the rule's ``likely_phase`` (``low``); the card says which lines would settle it.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 FRAME_WINDOW = 800           # how far back (and, for a message printed before its traceback, ahead) frames are looked for
+CALLER_LINES = 8             # a caller's report follows the allocation failure it reports this close
 
 
 @dataclass
@@ -83,7 +88,7 @@ def from_milestones(m, milestones: list) -> PhaseCall | None:
 
 
 def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error_line: int | None,
-             serving: tuple[int, str] | None, chain_end: int | None = None) -> PhaseCall:
+             serving: tuple[int, str] | None, chain_end: int | None = None, cascades: Sequence = ()) -> PhaseCall:
     """The phase the process of ``m`` was in when ``m`` was printed (the evidence, not the rule's own class)."""
     serving_line = serving[0] if serving else None
     call = from_frames(frames_of(m, frames, prev_error_line, next_error_line), serving_line, m)
@@ -97,7 +102,18 @@ def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error
                          serving[0])
     if ms:
         return ms
-    return PhaseCall(None, "", "low", "no frame, milestone or serving line before the error")
+    return caller_report(m, cascades) or PhaseCall(None, "", "low",
+                                                   "no frame, milestone or serving line before the error")
+
+
+def caller_report(m, cascades: Sequence) -> PhaseCall | None:
+    """A caller's report right after ``m`` that names the step ``m`` ended (a cascade rule with ``reaches``): the
+    weights were loaded, the context's buffers failed. Like an outer frame: medium."""
+    c = next((c for c in cascades if c.rule.reaches and _proc(c) == _proc(m) and m.n < c.n <= m.n + CALLER_LINES),
+             None)
+    if c is None:
+        return None
+    return PhaseCall(c.rule.reaches, "frames", "medium", f"the caller's report at line {c.n} ({c.rule.id})", c.n)
 
 
 def outer_startup_frame(m, frames: list, chain_end: int | None, serving: tuple[int, str] | None) -> PhaseCall | None:

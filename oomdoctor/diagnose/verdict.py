@@ -88,20 +88,6 @@ def _error_lines(root: Match, roots: list[Match], cascades: list[Match]) -> tupl
     return prev, nxt, chain_end
 
 
-CALLER_LINES = 8             # a caller's report follows the allocation failure it reports this close
-
-
-def caller_report(root: Match, cascades: list[Match]) -> PhaseCall | None:
-    """With nothing before it that shows the phase: a caller's report right after the error that names the step
-    the error ended (a cascade rule with ``reaches``: llama.cpp's "failed to create context with model" after a
-    cudaMalloc failure — the weights were loaded, the context's buffers failed). Like an outer frame: medium."""
-    c = next((c for c in cascades if c.rule.reaches and c.line.process == root.line.process
-              and root.n < c.n <= root.n + CALLER_LINES), None)
-    if c is None:
-        return None
-    return PhaseCall(c.rule.reaches, "frames", "medium", f"the caller's report at line {c.n} ({c.rule.id})", c.n)
-
-
 def callee_frames(root: Match, roots: list[Match], frames: list[Match]) -> list[Match]:
     """The frames of the process whose failure a relay carries, when its traceback is in the paste without its
     exception line: the last cut traceback (``_is_cut_reading``) of another process before the relay. They are inner
@@ -127,9 +113,7 @@ def classify_root(root: Match | None, roots: list[Match], cascades: list[Match],
                              f"({callee[-1].line.process})",
                              call.line)
         else:
-            call = phase_of(root, milestones, frames, prev_err, next_err, serving, chain_end)
-        if not call.basis:
-            call = caller_report(root, cascades) or call
+            call = phase_of(root, milestones, frames, prev_err, next_err, serving, chain_end, cascades)
         k, call = class_of(root, call)
         if root.rule.confidence and RANK[root.rule.confidence] < RANK.get(call.confidence, 2):
             call = PhaseCall(call.phase, call.basis, root.rule.confidence, call.detail, call.line)

@@ -1,4 +1,4 @@
-"""A caller's report right after an error that nothing before it places (``verdict.caller_report``): a cascade rule
+"""A caller's report right after an error that nothing before it places (``phase.caller_report``): a cascade rule
 with ``reaches`` names the step the error ended — llama-bench's "failed to create context with model" after a
 cudaMalloc failure: the weights were loaded, the context's compute buffers failed."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from oomdoctor.diagnose.classify import diagnose_file
 from oomdoctor.diagnose.rules import default_rules
-from oomdoctor.diagnose.verdict import CALLER_LINES
+from oomdoctor.diagnose.phase import CALLER_LINES
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "llamacpp-0.2.90-formatstrings"
 RULES = default_rules()
