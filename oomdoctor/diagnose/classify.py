@@ -321,13 +321,8 @@ def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None,
     """``progress``: a diagnose.progress.Progress for the bytes and lines read (stderr), or None. A small plain log
     is read with what pasting added undone (diagnose/paste.py); the source facts stay the log's own."""
     with paste.readable(path) as pasted:
-        try:
-            diag = _diagnose_path(pasted.path, ruleset, engine, engine_version, metrics_text, scanner, progress,
-                                  SourceInfo(str(path), undone=pasted.undone))
-        except BadInput as e:
-            if pasted.undone:
-                raise BadInput(str(e).replace(str(pasted.path), str(path))) from None
-            raise
+        diag = _diagnose_path(pasted.path, ruleset, engine, engine_version, metrics_text, scanner, progress,
+                              SourceInfo(str(path), undone=pasted.undone))
     if pasted.undone:
         diag.source.sha256, diag.source.size_bytes = pasted.sha256, pasted.size_bytes
     return diag

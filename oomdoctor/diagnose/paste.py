@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Iterator
 
 from oomdoctor.diagnose.parse import WRAPPER_RE
+from oomdoctor.errors import BadInput
 
 PASTE_MAX_BYTES = 2 << 20
 WRAP_MIN, WRAP_MAX = 60, 512
@@ -53,7 +54,7 @@ _ENTITY_RE = re.compile(r"&(?:quot|apos|lt|gt|amp|nbsp|#\d{1,7}|#[xX][0-9a-fA-F]
 _TAG_RE = re.compile(r"</?(?:pre|code|span|div|p|br|b|i|em|strong|h[1-6]|details|summary|kbd|samp|tt|font|"
                      r"blockquote|ul|ol|li|table|tr|td|th)(?:\s[^<>\n]{0,1000})?/?>", re.I)
 _FRAME_RE = re.compile(r'^\s*File "')
-# a line that starts a record of its own (so the line before it was not wrapped into it)
+# the shapes of a line that starts a record of its own (_starts_record)
 _RECORD_RE = re.compile(
     r"^(?:\s*$|\s\s|\s+File \"|Traceback |(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b"
     r"|\([\w .:=,-]{0,80}pid=\d|\(raylet|\[\d{4}-\d\d-\d\d|\[[IWEF]\d{4} |\[[A-Za-z][\w/|.:-]{0,80}\]|\d{4}-\d\d-\d\d"
@@ -61,6 +62,12 @@ _RECORD_RE = re.compile(
     r"|main: |[a-z][a-z0-9]{0,31}_[a-z0-9_]{0,63}: "    # llama.cpp's "llama_model_load: ", "main: "
     r"|(?:srv|slot|que|cmn|mtmd|res|ctx) {1,12}[a-z_][a-z0-9_]{0,63}: )")   # llama-server's "srv    load_model: "
 _SEPARATOR_RE = re.compile(r"^(.)\1*$")
+
+
+def _starts_record(line: str) -> bool:
+    """A line that starts a record of its own (the line before it was not wrapped into it): _RECORD_RE's shapes or
+    a launcher's prefix (parse.WRAPPER_RE)."""
+    return bool(_RECORD_RE.match(line) or WRAPPER_RE.match(line))
 _LOGFMT_KEY_RE = re.compile(r"[A-Za-z_][\w.]{0,63}=")
 _LOGFMT_END_RE = re.compile(r"(?:^| )[A-Za-z_][\w.]{0,63}=(?:\"[^\"]{0,400}\"|[^\s\"=]{1,400})$")
 
@@ -145,7 +152,7 @@ def _wrap_width(lines: list[str], lens: list[int]) -> int | None:
         ln, nxt = lines[i].rstrip("\r"), lines[i + 1]
         if (WRAP_MIN <= lens[i] <= WRAP_MAX and nxt and not (ln[-1].isspace() and nxt[0].isspace())
                 and _head(nxt) != _head(ln) and ln.count("|") < 3      # a table's rows are of one width too
-                and not _RECORD_RE.match(nxt) and not WRAPPER_RE.match(nxt)):
+                and not _starts_record(nxt)):
             breaks.setdefault(lens[i], set()).add(ln)
     # two different lines: one record repeated (a noisy rank's line between every other) is no wrap
     width, seen = max(breaks.items(), key=lambda kv: (len(kv[1]), kv[0]), default=(0, set()))
@@ -164,7 +171,7 @@ def _unwrap(lines: list[str], undone: list[str]) -> list[str]:
 
     def goes_on(i: int) -> bool:
         return (lens[i] == width and i + 1 < len(lines) and not _SEPARATOR_RE.match(lines[i].rstrip("\r"))
-                and not _RECORD_RE.match(lines[i + 1]) and not WRAPPER_RE.match(lines[i + 1]))
+                and not _starts_record(lines[i + 1]))
     out = []
     i = 0
     while i < len(lines):
@@ -270,7 +277,8 @@ class Paste:
 
 @contextmanager
 def readable(path: str | os.PathLike) -> Iterator[Paste]:
-    """The log to read for ``path``: itself, or a private copy with what pasting added undone (removed on exit)."""
+    """The log to read for ``path``: itself, or a private copy with what pasting added undone (removed on exit; a
+    BadInput raised while it is read names ``path``, as read.log_source's spooled stdin names ``<stdin>``)."""
     path = Path(path)
     data = _plain_small(path)
     text, undone = undo(data) if data else (b"", [])
@@ -282,4 +290,7 @@ def readable(path: str | os.PathLike) -> Iterator[Paste]:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(text)
-        yield Paste(tmp, undone, hashlib.sha256(data).hexdigest(), len(data))
+        try:
+            yield Paste(tmp, undone, hashlib.sha256(data).hexdigest(), len(data))
+        except BadInput as e:               # an error names the log as given, never the private copy
+            raise BadInput(str(e).replace(str(tmp), str(path))) from None

@@ -284,3 +284,12 @@ def test_json_lines_that_are_not_dockers_stay():
 def test_numbers_that_do_not_count_up_are_the_logs_own():
     text = "3\tfirst\n9\tsecond\n4\tthird\n"
     assert undo(text.encode()) == (text.encode(), [])
+
+
+def test_a_refused_paste_is_named_as_given_not_as_its_copy(tmp_path):
+    from oomdoctor.errors import BadInput
+    p = tmp_path / "reply.txt"
+    p.write_bytes(b"".join(b"> " + bytes(range(1, 9)) * 8 + b"\n" for _ in range(50)))   # quoted, but control bytes
+    with pytest.raises(BadInput) as e:
+        diagnose_file(p, RULES)
+    assert str(p) in str(e.value) and "paste.log" not in str(e.value)
