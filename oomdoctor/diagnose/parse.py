@@ -52,7 +52,11 @@ SGLANG_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: (?P<proc>(
 #   slurm src/common/write_labelled_message.c _build_label; digits only, so no word before ": " is taken for one;
 # * Ray's raylet lines "(raylet) " / "(raylet, ip=A) " (ray 2.40.0 _private/worker.py:2065-2149, print_worker_logs);
 #   its worker prefixes "(pid=N)", "(Name pid=N, ip=A)" keep their process and are read by VLLM_RE;
-# * journald/syslog "Dec 01 12:00:00 host unit[12]: ".
+# * journald's "<time> <host> <identifier>[<pid>]: " in each of journalctl's short forms, as systemd 252's journalctl
+#   printed them on a real journal (-o short, the default, and syslog: "Dec 01 21:35:35"; short-precise
+#   "Dec 01 21:35:35.444726"; short-iso "2026-12-01T21:35:35+0000", short-iso-precise with microseconds; short-full
+#   and with-unit "Tue 2026-12-01 21:35:35 UTC"; short-unix "1796160935.444726"); the host is no level's name, so a
+#   collector's "<ISO time> INFO logger: " keeps its level word.
 # Not stripped: pdsh's "hostname: " (pdsh 2.34 man page, -N "Disable hostname: prefix"): a host name is any word, and
 # "word: " is the engine's own text too (llama.cpp's "llama_model_load: ", Python's "ERROR: ").
 WRAPPER_RE = re.compile(
@@ -62,10 +66,14 @@ WRAPPER_RE = re.compile(
     r"|\[pod/[a-z0-9][a-z0-9.-]{0,252}/[a-z0-9][a-z0-9.-]{0,62}\] "  # kubectl logs --prefix
     r"|(?:P\d{1,10} )? {0,9}\d{1,10}: "                               # srun --label
     r"|\(raylet(?:, ip=[\w.:]{1,64})?\) "
+    r"|(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{6})?"                # journalctl -o short, short-precise
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{6})?[+-]\d\d:?\d\d"            # short-iso, short-iso-precise
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{6})? (?:[A-Z]{2,5}|[+-]\d\d(?:\d\d)?)"  # short-full
+    r"|\d{9,11}\.\d{6})"                                                  # short-unix
+    r" (?!(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL) )[\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: "
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?(?: ?[+-]\d\d:?\d\d)? {1,4}(?:std(?:out|err) [PF] )?"
     r"(?:-? ?(?:\[[A-Za-z]{1,10}\]|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL)) (?:- )?"
-    r"(?!\d\d-\d\d \d\d:))?(?:\(\w{1,32}\) )?"
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,64} [\w.@/-]{1,64}(?:\[\d{1,10}\])?: )"
+    r"(?!\d\d-\d\d \d\d:))?(?:\(\w{1,32}\) )?)"
 )
 MAX_WRAPPERS = 4    # nested: "[pod/p/c] 2026-06-01T10:00:01.5Z [default0]:[rank0]: " is four
 # Ray's log deduplication appends " [repeated Nx across cluster]" (once with a note in parentheses) to a line it

@@ -29,6 +29,13 @@ PREFIXES = [
     ("2026-06-01T10:00:01.123456789Z stderr F ", "Kubernetes' CRI log file: time, stream, tag (containerd logger.go)"),
     ("(pid=1234, ip=10.0.0.2) ", "Ray's nameless worker prefix (ray _private/worker.py print_worker_logs)"),
     ("(ServeReplica:default:VLLMDeployment pid=1234) ", "Ray Serve's replica actor (ray serve/_private/common.py:29)"),
+    # journalctl (systemd 252) of a unit's output, each -o form as it printed it on a real journal (systemd-cat -t vllm)
+    ("Dec 01 21:35:35 vm vllm[23759]: ", "journalctl -o short (the default): syslog time, host, identifier[pid]"),
+    ("2026-12-01T21:35:35+0000 vm vllm[23759]: ", "journalctl -o short-iso"),
+    ("2026-12-01T21:35:35.444726+0000 vm vllm[23759]: ", "journalctl -o short-iso-precise"),
+    ("Dec 01 21:35:35.444726 vm vllm[23759]: ", "journalctl -o short-precise"),
+    ("Tue 2026-12-01 21:35:35 UTC vm vllm[23759]: ", "journalctl -o short-full (and -o with-unit)"),
+    ("1796160935.444726 vm vllm[23759]: ", "journalctl -o short-unix"),
 ]
 
 
@@ -99,6 +106,14 @@ def test_rays_dedup_suffix_changes_no_diagnosis(plain, tmp_path):
     # Ray's dedup suffix is not the engine's text (a frame's rule is anchored at the end of the line)
     ('(RayWorkerWrapper pid=5) File "/v/vllm/worker.py", line 3, in profile_run [repeated 7x across cluster]',
      'File "/v/vllm/worker.py", line 3, in profile_run', "RayWorkerWrapper", "5", ""),
+    # journalctl's short forms (systemd 252), a vLLM line behind each; a collector's ISO time then a level keeps it
+    ("2026-12-01T21:35:35+0000 vm vllm[23759]: (EngineCore pid=1098) ERROR 11-29 15:05:57 [core.py:1231] e", "e",
+     "EngineCore", "1098", "ERROR"),
+    ("2026-12-01T21:35:35.445983+00:00 gpu-node-3 python3[7]: RuntimeError: x", "RuntimeError: x", "", "", ""),
+    ("Tue 2026-12-01 21:35:35 UTC vm vllm[23759]: INFO 11-29 15:05:31 [model.py:1776] m", "m", "", "", "INFO"),
+    ("Dec 01 21:35:35.444726 vm vllm[23759]: RuntimeError: x", "RuntimeError: x", "", "", ""),
+    ("1796160935.444726 vm vllm[23759]: RuntimeError: x", "RuntimeError: x", "", "", ""),
+    ("2026-12-01T21:35:35+0000 INFO server: started", "server: started", "", "", ""),
     # SGLang's own header behind a runner's prefix
     ("nemo-run-1/0 [2025-01-01 12:00:00 TP0] Scheduler hit an exception: x", "Scheduler hit an exception: x", "TP0", "",
      ""),
@@ -143,3 +158,22 @@ def test_wrapper_pattern_is_bounded_on_long_lines():
         t = time.perf_counter()
         parse_line(1, raw)
         assert time.perf_counter() - t < 0.5, raw[:20]
+
+
+JOURNALD = LOGS / "vllm-0.25.1-h200-journald"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in JOURNALD.glob("*.log")))
+def test_a_real_log_read_back_from_journald_is_diagnosed_as_the_log(name):
+    # real journalctl (systemd 252) output of the real H200 logs (the folder's ORIGIN.md): every -o short form
+    orig = LOGS / "vllm-0.25.1-h200" / (name.split(".")[0] + ".log")
+    want, got = diagnose_file(orig, RULES), diagnose_file(JOURNALD / name, RULES)
+    assert got.engine == "vllm" and got.engine_version == want.engine_version == "0.25.1"
+    assert (got.klass, got.phase, got.rule, got.phase_basis_kind) == (want.klass, want.phase, want.rule,
+                                                                      want.phase_basis_kind)
+    if want.root:
+        assert (got.root.line.msg, got.root.line.process) == (want.root.line.msg, want.root.line.process)
+    else:
+        assert got.root is None
+    assert got.levers[:1] == want.levers[:1]
+    assert got.numbers == want.numbers
