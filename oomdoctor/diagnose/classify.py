@@ -155,7 +155,7 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
     if source.cut_lines:
         notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
     if source.undone:
-        notes.append("read as a pasted log: " + "; ".join(source.undone))
+        notes.append(f"read as {source.read_as}: " + "; ".join(source.undone))
     if root is None and klass == "unknown":
         if phase_reached == "runtime":
             notes.append("the engine started and served; no memory failure in the log")
@@ -322,7 +322,7 @@ def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None,
     is read with what pasting added undone (diagnose/paste.py); the source facts stay the log's own."""
     with paste.readable(path) as pasted:
         diag = _diagnose_path(pasted.path, ruleset, engine, engine_version, metrics_text, scanner, progress,
-                              SourceInfo(str(path), undone=pasted.undone))
+                              SourceInfo(str(path), undone=pasted.undone, read_as=pasted.read_as))
     if pasted.undone:
         diag.source.sha256, diag.source.size_bytes = pasted.sha256, pasted.size_bytes
     return diag

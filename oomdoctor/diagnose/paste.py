@@ -27,7 +27,8 @@ Undoing a quote, an indentation or HTML keeps every line where it was, so the li
 paste's own; joining wrapped lines makes one line of several (the frames and the exception they belong to must
 stay as near as the engine printed them), and the note says how many lines the paste had and has. Only a plain
 file of at most ``PASTE_MAX_BYTES`` is looked at (a paste is small; a large log is an engine's own file, read as it
-is); a compressed or UTF-16 log is read as it is. Every test here is a linear pass; nothing is executed.
+is; a Docker json-file log of any size, compressed or not, is streamed to its records' text by diagnose/collector.py);
+a compressed or UTF-16 log is read as it is. Every test here is a linear pass; nothing is executed.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from oomdoctor.diagnose import collector
 from oomdoctor.diagnose.parse import WRAPPER_RE
 from oomdoctor.errors import BadInput
 
@@ -273,6 +275,18 @@ class Paste:
     undone: list[str]           # what was undone (empty: nothing; ``path`` is the log)
     sha256: str = ""            # of the log as given (the copy's own bytes differ)
     size_bytes: int = 0
+    read_as: str = "a pasted log"   # how the card's note names it
+
+
+def _records_read(path: Path) -> Iterator[Paste]:
+    """A Docker json-file log too large for a paste (or compressed): its records' text, streamed to a private copy."""
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-records-") as d:
+        tmp, records, info = collector.private_copy(path, d)
+        note = f"the text of its {records} records (line numbers count that text's lines)"
+        try:
+            yield Paste(tmp, [note], info.sha256, info.size_bytes, read_as="Docker's json-file log")
+        except BadInput as e:
+            raise BadInput(str(e).replace(str(tmp), str(path))) from None
 
 
 @contextmanager
@@ -281,6 +295,9 @@ def readable(path: str | os.PathLike) -> Iterator[Paste]:
     BadInput raised while it is read names ``path``, as read.log_source's spooled stdin names ``<stdin>``)."""
     path = Path(path)
     data = _plain_small(path)
+    if data is None and collector.is_docker_json(path):
+        yield from _records_read(path)
+        return
     text, undone = undo(data) if data else (b"", [])
     if not undone or data is None:
         yield Paste(path, [])

@@ -39,6 +39,7 @@ class SourceInfo:
     lines: int = 0
     cut_lines: list[int] = field(default_factory=list)   # line numbers longer than MAX_LINE_BYTES
     undone: list[str] = field(default_factory=list)      # what pasting had added and was undone (diagnose/paste.py)
+    read_as: str = "a pasted log"                        # what the undone note calls the log (paste.Paste.read_as)
 
 
 def _kind(mode: int) -> str:
