@@ -14,6 +14,7 @@ from oomdoctor.diagnose.signals import RuntimeTracker
 
 RANK = {"low": 0, "medium": 1, "high": 2}
 EPISODE_LINES = 600          # how far a chained/cascading error can be from its first cause
+PHASE_AT = {p: i for i, p in enumerate(contract.PHASES)}
 REVERSED_LINES = 40          # a traceback exported newest-first: its exception line is printed just before its frames
 
 
@@ -217,8 +218,23 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     def without_its_evidence(m: Match) -> bool:     # `after:` the line that makes it this failure came before it
         return bool(m.rule.after) and not any(x.n < m.n and x.rule.id in m.rule.after for x in keep)
 
+    milestones = [m for m in keep if m.rule.role == "milestone" and m.rule.reaches in contract.PHASES]
     return [m for m in keep if m.rule.role == "root" and not without_its_evidence(m) and not (
-        m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m)))]
+        m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m) or went_on_after(m, milestones)))]
+
+
+def went_on_after(m: Match, milestones: list[Match]) -> bool:
+    """A generic exception line (a fallback of no memory class) after which its process went on to a later start-up
+    step than the one it had reached: a library that logged an exception it caught (xformers' "No module named
+    'triton'" before vLLM loaded its weights and captured its graphs). A later step only: a restart begins again
+    from the first one, and its first run's exception stays the root."""
+    if m.rule.klass != "not_memory" or _is_cut_reading(m):
+        return False
+    proc = m.line.process
+    own = [x for x in milestones if not proc or x.line.process == proc]
+    before = [PHASE_AT[x.rule.reaches] for x in own if x.n < m.n]
+    reached = before[-1] if before else -1
+    return any(PHASE_AT[x.rule.reaches] > reached for x in own if x.n > m.n)
 
 
 def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:
