@@ -25,6 +25,7 @@ RULES = default_rules()
     ("vllm_offline_progress.log", "vllm"),
     ("vllm_autofit_reduced.log", "vllm"),
     ("sglang_capturing_batches.log", "sglang"),
+    ("llamacpp_vulkan_devices.log", "llamacpp"),
 ])
 def test_a_paste_of_only_unread_lines_names_its_engine(name, engine):
     d = diagnose_file(LOGS / name, RULES)
