@@ -233,8 +233,13 @@ def went_on_after(m: Match, milestones: list[Match]) -> bool:
     proc = m.line.process
     own = [x for x in milestones if not proc or x.line.process == proc]
     before = [PHASE_AT[x.rule.reaches] for x in own if x.n < m.n]
-    reached = before[-1] if before else -1
-    return any(PHASE_AT[x.rule.reaches] > reached for x in own if x.n > m.n)
+    reached = before[-1] if before else -1      # none before: a warning at the start (an optional import's failure)
+    for x in (x for x in own if x.n > m.n):
+        if PHASE_AT[x.rule.reaches] < reached:
+            return False            # a new start (the steps begin again): the exception ended the first one
+        if PHASE_AT[x.rule.reaches] > reached:
+            return True
+    return False
 
 
 def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:

@@ -23,9 +23,9 @@ CAUGHT = [
 ]
 
 
-def _with(lines_at: int, extra: list[str], tmp_path: Path, tail: list[str] | None = None) -> Path:
+def _with(lines_at: int, extra: list[str], tmp_path: Path) -> Path:
     lines = LOG.read_text(encoding="utf-8").splitlines()
-    out = lines[:lines_at] + extra + lines[lines_at:] + (tail or [])
+    out = lines[:lines_at] + extra + lines[lines_at:]
     p = tmp_path / "a.log"
     p.write_text("\n".join(out) + "\n", encoding="utf-8")
     return p
@@ -44,7 +44,16 @@ def test_the_same_exception_at_the_end_of_the_log_is_the_root(tmp_path):
 
 
 def test_a_restart_from_the_first_step_keeps_the_first_runs_exception(tmp_path):
+    # the first run dies after its weights loaded; the whole start again after it (its later steps go further)
     lines = LOG.read_text(encoding="utf-8").splitlines()
-    restart = [ln for ln in lines[:40] if "Loading weights took" in ln or "Model loading took" in ln]
-    d = diagnose_file(_with(len(lines), CAUGHT, tmp_path, tail=restart), RULES)
+    p = tmp_path / "restart.log"
+    p.write_text("\n".join(lines[:30] + CAUGHT + lines) + "\n", encoding="utf-8")
+    d = diagnose_file(p, RULES)
     assert (d.klass, d.rule) == ("not_memory", "vllm.other.exception")
+
+
+def test_an_exception_before_any_step_then_the_start_is_no_root(tmp_path):
+    # an optional import's failure logged as the process starts (vLLM on a TPU host: "Failed to import from vllm._C:
+    # ImportError('libcuda.so.1: cannot open shared object file: ...')"), then the start's steps
+    d = diagnose_file(_with(0, CAUGHT, tmp_path), RULES)
+    assert d.klass == "unknown" and d.root is None, (d.klass, d.rule)
