@@ -151,3 +151,20 @@ def test_a_wait_loops_print_of_a_refused_try_is_no_failure(tmp_path):
                    "Failed to establish a new connection: [Errno 111] Connection refused'))\n", encoding="utf-8")
     d = diagnose_file(log, RULES)
     assert d.root is None and d.klass == "unknown"
+
+
+def test_an_nccl_error_whose_last_error_is_an_allocation_is_a_memory_failure_of_the_engines_phase(tmp_path):
+    # a vLLM worker's NCCL error that quotes NCCL's last error (ncclGetErrorString's "unhandled cuda error", then
+    # the WARN's own text, nccl-formatstrings/ORIGIN.md), after the weights loaded: not vllm.other.nccl's fault
+    h200 = (LOGS / "vllm-0.25.1-h200" / "A_pass.log").read_text(encoding="utf-8").splitlines()[:30]
+    p = tmp_path / "tp.log"
+    p.write_text("\n".join(h200 + [
+        "(EngineCore pid=1271) ERROR 11-29 15:06:23 [core.py:1231] torch.distributed.DistBackendError: NCCL error in:"
+        " ../torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for"
+        " details), NCCL version 2.27.3",
+        "(EngineCore pid=1271) ERROR 11-29 15:06:23 [core.py:1231] ncclUnhandledCudaError: Call to CUDA function failed.",
+        "(EngineCore pid=1271) ERROR 11-29 15:06:23 [core.py:1231] Last error:",
+        "(EngineCore pid=1271) ERROR 11-29 15:06:23 [core.py:1231] Cuda failure 'out of memory'",
+    ]) + "\n", encoding="utf-8")
+    d = diagnose_file(p, RULES)
+    assert (d.rule, d.klass, d.engine) == ("vllm.nccl.cuda_oom", "profiling_oom", "vllm"), (d.rule, d.klass)
