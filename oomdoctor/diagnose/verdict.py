@@ -2,6 +2,7 @@
 signals; else, with only wrappers in the paste, ``cascade_only`` (where the root cause was printed)."""
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable
@@ -218,28 +219,37 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     def without_its_evidence(m: Match) -> bool:     # `after:` the line that makes it this failure came before it
         return bool(m.rule.after) and not any(x.n < m.n and x.rule.id in m.rule.after for x in keep)
 
-    milestones = [m for m in keep if m.rule.role == "milestone" and m.rule.reaches in contract.PHASES]
+    steps = StepRuns([m for m in keep if m.rule.role == "milestone" and m.rule.reaches in contract.PHASES])
     return [m for m in keep if m.rule.role == "root" and not without_its_evidence(m) and not (
-        m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m) or went_on_after(m, milestones)))]
+        m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m) or steps.went_on_after(m)))]
 
 
-def went_on_after(m: Match, milestones: list[Match]) -> bool:
-    """A generic exception line (a fallback of no memory class) after which its process went on to a later start-up
-    step than the one it had reached: a library that logged an exception it caught (xformers' "No module named
-    'triton'" before vLLM loaded its weights and captured its graphs). A later step only: a restart begins again
-    from the first one, and its first run's exception stays the root."""
-    if m.rule.klass != "not_memory" or _is_cut_reading(m):
-        return False
-    proc = m.line.process
-    own = [x for x in milestones if not proc or x.line.process == proc]
-    before = [PHASE_AT[x.rule.reaches] for x in own if x.n < m.n]
-    reached = before[-1] if before else -1      # none before: a warning at the start (an optional import's failure)
-    for x in (x for x in own if x.n > m.n):
-        if PHASE_AT[x.rule.reaches] < reached:
-            return False            # a new start (the steps begin again): the exception ended the first one
-        if PHASE_AT[x.rule.reaches] > reached:
-            return True
-    return False
+class StepRuns:
+    """The start-up steps each process reached, as runs of one phase in line order (a serving log's thousands of
+    per-request milestones are one run), so that what came before and after a line is found by bisection."""
+
+    def __init__(self, milestones: list[Match]) -> None:
+        self._runs: dict[str, tuple[list[int], list[int]]] = {}
+        for x in milestones:            # every process's own, and all of them under "" (a line of no process)
+            ph = PHASE_AT[x.rule.reaches or "none"]     # the caller keeps those that reach a phase
+            for key in {"", x.line.process}:
+                starts, phases = self._runs.setdefault(key, ([], []))
+                if not phases or phases[-1] != ph:
+                    starts.append(x.n)
+                    phases.append(ph)
+
+    def went_on_after(self, m: Match) -> bool:
+        """A generic exception line (a fallback of no memory class) after which its process went on to a later
+        start-up step than the one it had reached: a library that logged an exception it caught (xformers' "No module
+        named 'triton'" before vLLM loaded its weights and captured its graphs). A later step only: a restart begins
+        again from the first one, and its first run's exception stays the root."""
+        if m.rule.klass != "not_memory" or _is_cut_reading(m):
+            return False
+        starts, phases = self._runs.get(m.line.process, ([], []))
+        i = bisect.bisect_left(starts, m.n)          # runs[i:] start after the line
+        reached = phases[i - 1] if i else -1         # none before: a warning at the start (an optional import)
+        # the next run is of another phase than the one the line is in: higher, the start went on; lower, a new start
+        return i < len(phases) and phases[i] > reached
 
 
 def carried_roots(carriers: list[Match], roots: list[Match], root_rules: Iterable[Rule]) -> list[Match]:
