@@ -41,6 +41,9 @@ class Absent(Exception):
 
 
 # ----------------------------------------------------------------------------- extraction
+
+ENGINE_SPELLINGS = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "TensorRT-LLM": "tensorrt_llm", "tensorrt-llm": "tensorrt_llm"}
+
 def read_source(src: dict, entry_src: dict, mirrors: Path, sdists: Path) -> str:
     path = entry_src["path"] if isinstance(entry_src["path"], str) else "/".join(entry_src["path"])
     if src["kind"] == "git":
@@ -129,7 +132,8 @@ def score(entry: dict, got: dict, ooms: set[str]) -> dict:
     lenient = strict or got["class"] in accepted(entry.get("acceptable", []), ooms)
     phase_scored = want != "any_oom"
     phase_ok = strict and (want == "clean" or got["phase"] == exp["phase"]) if phase_scored else None
-    engines = {entry["engine"], *entry.get("engine_alt", [])}
+    # a label's spelling of an engine's name is its id (set 12's pickers wrote "llama.cpp" for llamacpp)
+    engines = {ENGINE_SPELLINGS.get(e, e) for e in (entry["engine"], *entry.get("engine_alt", []))}
     if not entry.get("engine_in_paste", True) or entry["engine"] is None:
         engines.add(None)
     return {"class_ok": strict, "lenient_ok": lenient, "phase_ok": phase_ok,
