@@ -205,6 +205,13 @@ class RuntimeTracker:
                     "levers": PREEMPTION_LEVERS,
                     "message": f"{self.preemptions} preemption(s): running requests were evicted and recomputed "
                                "for lack of KV cache blocks."}
+        if self.rejection_count:        # a refusal the clients saw outranks a saturation inferred from stats lines
+            r = self.rejections[0]
+            also = (f"; the KV cache was also saturated while requests waited ({self.pressure_samples} stats lines)"
+                    if self.pressure_samples >= PRESSURE_MIN_SAMPLES else "")
+            return {"class": "admission_rejection", "rule": r.rule.id,
+                    "basis": f"{self.rejection_count} rejected request(s){also}",
+                    "levers": r.rule.levers or REJECTION_LEVERS, "message": r.rule.message}
         if self.pressure_samples >= PRESSURE_MIN_SAMPLES:
             return {"class": "kv_preemption", "rule": "runtime.kv_pressure.inferred",
                     "basis": f"inferred: {self.pressure_samples} stats line(s) with KV usage >= {KV_PRESSURE_PERCENT:g}% "
@@ -212,10 +219,6 @@ class RuntimeTracker:
                     "levers": PREEMPTION_LEVERS,
                     "message": "KV cache saturated while requests waited: the scheduler was capped by KV blocks, "
                                "which preempts and recomputes running sequences."}
-        if self.rejection_count:
-            r = self.rejections[0]
-            return {"class": "admission_rejection", "rule": r.rule.id, "basis": f"{self.rejection_count} rejected request(s)",
-                    "levers": r.rule.levers or REJECTION_LEVERS, "message": r.rule.message}
         return None
 
     def numbers(self) -> dict[str, Any]:

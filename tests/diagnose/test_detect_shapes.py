@@ -26,6 +26,7 @@ RULES = default_rules()
     ("vllm_autofit_reduced.log", "vllm"),
     ("sglang_capturing_batches.log", "sglang"),
     ("llamacpp_vulkan_devices.log", "llamacpp"),
+    ("vllm_rollout_worker_tail.log", "vllm"),
 ])
 def test_a_paste_of_only_unread_lines_names_its_engine(name, engine):
     d = diagnose_file(LOGS / name, RULES)
