@@ -13,12 +13,17 @@ PLAN_ARGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_n
 
 
 def _settings(card: CardDict) -> dict[str, Any]:
+    """The start's settings as the memory model takes them, with the model config's overrides the start gave
+    (``hf_overrides``: a capped ``max_position_embeddings`` sizes the RoPE cache, so the weights' bytes)."""
     wl = card.get("workload") or {}
     out: dict[str, Any] = {}
     for src in (wl.get("resolved") or {}, wl.get("engine_args") or {}):
         for k in PLAN_ARGS:
             if src.get(k) is not None:
                 out[k] = src[k]
+    overrides = (wl.get("engine_args") or {}).get("hf_overrides")
+    if isinstance(overrides, dict) and overrides:
+        out["hf_overrides"] = overrides
     return out
 
 

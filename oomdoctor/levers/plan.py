@@ -8,7 +8,7 @@ and asks the lever search (``oomdoctor.levers.search``) for single-setting chang
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any, Mapping, Union
 
 from oomdoctor.card.records import PlanLever
 from oomdoctor.engines.vllm import memory as M
@@ -67,11 +67,13 @@ def plan(model: str, gpu_memory: Union[str, int], free: Union[str, int, None] = 
          kv_cache_dtype: str | None = None, max_num_seqs: Union[str, int, None] = None,
          max_num_batched_tokens: Union[str, int, None] = None, kv_cache_memory_bytes: Union[str, int, None] = None,
          tensor_parallel_size: int | None = None, engine_version: str | None = None,
-         usage_context: str = "serve", block_size: int | None = None, enforce_eager: bool = False) -> dict[str, Any]:
+         usage_context: str = "serve", block_size: int | None = None, enforce_eager: bool = False,
+         hf_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Predict a vLLM start of the model in directory ``model`` on a GPU of ``gpu_memory`` total (NVML's
     figure: bytes, a size like ``24GiB`` or a card name like ``h200``) with ``free`` bytes free (default:
-    an idle card). Returns the ``plan --json`` object. Raises BadInput for unusable input."""
-    info = M.describe_model(model)
+    an idle card); ``hf_overrides``: the start's overrides of the model's config (vLLM's ``hf_overrides``).
+    Returns the ``plan --json`` object. Raises BadInput for unusable input."""
+    info = M.describe_model(model, overridden_config(model, hf_overrides) if hf_overrides else None)
     total, card = resolve_gpu(gpu_memory)
     free_b = parse_size(str(free)) if isinstance(free, str) else free
     mml: Union[int, str, None]
@@ -91,6 +93,20 @@ def plan(model: str, gpu_memory: Union[str, int], free: Union[str, int, None] = 
     p = M.evaluate(info, settings)
     levers = propose_levers(info, inputs, p)
     return to_json(info, p, levers)
+
+
+def overridden_config(model: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's config.json as the engine sees it with ``hf_overrides`` applied: a key replaced, a mapping merged
+    into the sub-config of its name (vLLM updates the loaded config the same way); nothing else is read from it."""
+    def merged(base: dict[str, Any], over: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+        out = dict(base)
+        for k, v in over.items():
+            if isinstance(v, Mapping) and isinstance(out.get(k), dict) and depth < 4:
+                out[k] = merged(out[k], v, depth + 1)
+            else:
+                out[str(k)] = v
+        return out
+    return merged(M.read_config(model), overrides)
 
 
 def to_json(info: M.ModelInfo, p: M.Prediction, levers: list[PlanLever]) -> dict[str, Any]:

@@ -127,3 +127,26 @@ def test_a_kv_allocation_oom_without_figures_gets_a_software_lever_first(tmp_pat
         ids = [lv["id"] for lv in card["levers"]]
         assert ids[0] == "gpu_memory_utilization" and ids[-1] == "larger_gpu", ids
         assert util_lever(card)["change"]["gpu_memory_utilization"] < 0.95
+
+
+def test_the_chain_reads_the_starts_config_overrides_as_the_real_profiling_run_showed(tmp_path: Path) -> None:
+    """vllm-0.25.1-h200-evening/P1_profile.log: a start with hf_overrides max_position_embeddings=32768 (its RoPE
+    cache so small that "Model loading took 1.66 GiB", not the checkpoint's 4,000,000 rows' 2.60 GiB) under a
+    ballast leaving 2.8 GiB runs out of memory in profiling. The real retests on the H200
+    (incidents/h200-retest-2026-12-01-evening/h200-P1_profile.yaml) halved max_num_batched_tokens twice and it
+    still failed in profiling. Read with the overrides, the chain expects exactly that (before, it expected a
+    weights_load_oom: weights 2.60 GiB > free), and the recorded config's prediction agrees with the log."""
+    from oomdoctor.card import store
+
+    log = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200-evening" / "P1_profile.log"
+    card, _, _ = diagnose_log(log, tmp_path / "p1.yaml", no_device=True, model_dir=MODEL)
+    assert card["model_check"]["recorded_config"]["failure"] == "profiling_oom"
+    assert card["model_check"]["agrees_with_log"] is True
+    lv = card["levers"][0]
+    assert lv["id"] == "max_num_batched_tokens"
+    chain = expected_chain(card, lv)
+    assert chain["steps"][1]["failure"] == "profiling_oom", chain["text"]
+    real = store.load_dict(ROOT / "incidents" / "h200-retest-2026-12-01-evening" / "h200-P1_profile.yaml")["attempts"]
+    assert [a["lever"] for a in real] == ["none", "max_num_batched_tokens", "max_num_batched_tokens"]
+    assert real[1]["change"] == lv["change"]
+    assert check_chain(chain, real[1]["outcome"], real[1]["classification"]["class"])["status"] == "confirmed"
