@@ -16,7 +16,6 @@ is executed; the copy is removed when the diagnosis is done.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,13 +28,14 @@ def is_docker_json(path: Path) -> bool:
     """Whether the log's first line is a Docker json-file record (read as iter_lines reads it: gzip, UTF-16)."""
     try:
         for _, line in iter_lines(path):
-            return line.startswith(DOCKER_JSON_HEAD) and _text(line) is not None
+            return line.startswith(DOCKER_JSON_HEAD) and record_text(line) is not None
     except Exception:            # what cannot be read is refused by the reader itself, with its message
         return False
     return False
 
 
-def _text(line: bytes) -> str | None:
+def record_text(line: bytes | str) -> str | None:
+    """The "log" text of one json-file record, or None when the line is no such record."""
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError):
@@ -48,21 +48,10 @@ def write_docker_text(path: Path, out: BinaryIO, info: SourceInfo) -> int:
     the file's own sha256 and size, as read)."""
     records = 0
     for _, line in iter_lines(path, info):
-        text = _text(line) if line.startswith(DOCKER_JSON_HEAD) else None
+        text = record_text(line) if line.startswith(DOCKER_JSON_HEAD) else None
         if text is None:
             out.write(line + b"\n")
             continue
         records += 1
         out.write(text.encode("utf-8", errors="surrogatepass"))
     return records
-
-
-def private_copy(path: Path, directory: str) -> tuple[Path, int, SourceInfo]:
-    """A private file in ``directory`` (created, never followed) holding the records' text; (its path, the records
-    read, the log's own facts)."""
-    tmp = Path(directory) / "records.log"
-    info = SourceInfo(str(path))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "wb") as f:
-        records = write_docker_text(path, f, info)
-    return tmp, records, info

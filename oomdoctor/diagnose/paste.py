@@ -34,20 +34,21 @@ from __future__ import annotations
 
 import hashlib
 import html
-import json
 import os
 import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator, TypeVar
 
 from oomdoctor.diagnose import collector
 from oomdoctor.diagnose.parse import WRAPPER_RE
+from oomdoctor.diagnose.read import SourceInfo
 from oomdoctor.errors import BadInput
 
 PASTE_MAX_BYTES = 2 << 20
+T = TypeVar("T")
 WRAP_MIN, WRAP_MAX = 60, 512
 
 _QUOTE_RE = re.compile(r"^ {0,3}((?:> ?){1,16})")
@@ -202,13 +203,10 @@ def _docker_json(lines: list[str], undone: list[str]) -> list[str]:
         return lines
     texts = []
     for ln in body:
-        try:
-            obj = json.loads(ln)
-        except (ValueError, RecursionError):
+        text = collector.record_text(ln)
+        if text is None:
             return lines
-        if not isinstance(obj, dict) or not isinstance(obj.get("log"), str):
-            return lines
-        texts.append(obj["log"])
+        texts.append(text)
     undone.append(f"Docker's json-file records read ({len(texts)}): their \"log\" text")
     return "".join(texts).rstrip("\n").split("\n")
 
@@ -278,13 +276,17 @@ class Paste:
     read_as: str = "a pasted log"   # how the card's note names it
 
 
-def _records_read(path: Path) -> Iterator[Paste]:
-    """A Docker json-file log too large for a paste (or compressed): its records' text, streamed to a private copy."""
-    with tempfile.TemporaryDirectory(prefix="oomdoctor-records-") as d:
-        tmp, records, info = collector.private_copy(path, d)
-        note = f"the text of its {records} records (line numbers count that text's lines)"
+@contextmanager
+def _private_copy(path: Path, write: Callable[[BinaryIO], T]) -> Iterator[tuple[Path, T]]:
+    """A private file (its own directory, created, never followed, removed on exit) that ``write`` fills: (its path,
+    what ``write`` returned). A BadInput raised while it is read names ``path``, never the copy."""
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-paste-") as d:
+        tmp = Path(d) / "paste.log"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
         try:
-            yield Paste(tmp, [note], info.sha256, info.size_bytes, read_as="Docker's json-file log")
+            yield tmp, result
         except BadInput as e:
             raise BadInput(str(e).replace(str(tmp), str(path))) from None
 
@@ -296,18 +298,15 @@ def readable(path: str | os.PathLike) -> Iterator[Paste]:
     path = Path(path)
     data = _plain_small(path)
     if data is None and collector.is_docker_json(path):
-        yield from _records_read(path)
+        # a Docker json-file log too large for a paste (or compressed): its records' text, streamed to the copy
+        info = SourceInfo(str(path))
+        with _private_copy(path, lambda f: collector.write_docker_text(path, f, info)) as (tmp, records):
+            yield Paste(tmp, [f"the text of its {records} records (line numbers count that text's lines)"],
+                        info.sha256, info.size_bytes, read_as="Docker's json-file log")
         return
     text, undone = undo(data) if data else (b"", [])
     if not undone or data is None:
         yield Paste(path, [])
         return
-    with tempfile.TemporaryDirectory(prefix="oomdoctor-paste-") as d:
-        tmp = Path(d) / "paste.log"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        try:
-            yield Paste(tmp, undone, hashlib.sha256(data).hexdigest(), len(data))
-        except BadInput as e:               # an error names the log as given, never the private copy
-            raise BadInput(str(e).replace(str(tmp), str(path))) from None
+    with _private_copy(path, lambda f: f.write(text)) as (tmp, _):
+        yield Paste(tmp, undone, hashlib.sha256(data).hexdigest(), len(data))
