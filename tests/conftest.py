@@ -66,3 +66,15 @@ def cli(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+def assert_reads_as(got, want) -> None:
+    """A real log as a collector handed it back (journald, Docker's json-file) is diagnosed as the log itself: engine,
+    version, class, phase, rule, the kind of phase evidence, the root line's message and process, numbers, levers."""
+    assert (got.engine, got.engine_version, got.klass, got.phase, got.rule, got.phase_basis_kind) == \
+        (want.engine, want.engine_version, want.klass, want.phase, want.rule, want.phase_basis_kind)
+    if want.root:
+        assert (got.root.line.msg, got.root.line.process) == (want.root.line.msg, want.root.line.process)
+    else:
+        assert got.root is None
+    assert got.numbers == want.numbers and got.levers == want.levers
