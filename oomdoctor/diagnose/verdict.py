@@ -219,7 +219,7 @@ def _roots(keep: list[Match], runtime: RuntimeTracker) -> list[Match]:
     def without_its_evidence(m: Match) -> bool:     # `after:` the line that makes it this failure came before it
         return bool(m.rule.after) and not any(x.n < m.n and x.rule.id in m.rule.after for x in keep)
 
-    steps = StepRuns([m for m in keep if m.rule.role == "milestone" and m.rule.reaches in contract.PHASES])
+    steps = StepRuns([m for m in keep if m.rule.role == "milestone"])
     return [m for m in keep if m.rule.role == "root" and not without_its_evidence(m) and not (
         m.rule.fallback and (explained_by_rejection(m) or not_a_cut_traceback(m) or steps.went_on_after(m)))]
 
@@ -231,7 +231,9 @@ class StepRuns:
     def __init__(self, milestones: list[Match]) -> None:
         self._runs: dict[str, tuple[list[int], list[int]]] = {}
         for x in milestones:            # every process's own, and all of them under "" (a line of no process)
-            ph = PHASE_AT[x.rule.reaches or "none"]     # the caller keeps those that reach a phase
+            ph = PHASE_AT.get(x.rule.reaches or "")
+            if ph is None:
+                continue
             for key in {"", x.line.process}:
                 starts, phases = self._runs.setdefault(key, ([], []))
                 if not phases or phases[-1] != ph:
