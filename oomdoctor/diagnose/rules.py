@@ -20,14 +20,15 @@ from oomdoctor.errors import RuleError
 from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.paths import ENGINES_DIR
 from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _after, _check_spec,
-                                         _confidence, _likely, anchors_of, derive_anchor, parse_version, version_in)
+                                         _confidence, _likely, _likely_when, anchors_of, derive_anchor, parse_version,
+                                         version_in)
 from oomdoctor.units import UNIT_BYTES
 
 ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "ignored")
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status",
-             "likely_phase", "frames", "root_in", "confidence", "after"}
+             "likely_phase", "likely_when", "frames", "root_in", "confidence", "after"}
 __all__ = ["EngineSpec", "NumberSpec", "Pattern", "Rule", "RuleSet", "anchors_of", "build_engine", "build_rule",
            "default_rules", "derive_anchor", "load_rules", "parse_version", "version_in"]
 ENGINE_KEYS = {"engine", "name", "covers", "detect", "detect_lines", "version_patterns", "phases", "preemption_counters",
@@ -245,6 +246,7 @@ def build_rule(d: Any, path: Path, engine_dir: str) -> Rule:
         title=d.get("title", ""), klass=klass, class_by_phase=dict(cbp), phase=phase, reaches=reaches,
         priority=prio, fallback=bool(d.get("fallback", False)), message=str(d.get("message", "")).strip(),
         numbers=numbers, levers=list(levers), tests=tests, likely_phase=_likely(d, cbp, where),
+        likely_when=_likely_when(d, cbp, numbers, where),
         root_in=str(d.get("root_in") or "").strip(), confidence=_confidence(d, where), after=_after(d, role, where),
     )
 

@@ -102,6 +102,24 @@ def _likely(d: dict, cbp: dict, where: str) -> str | None:
     return str(lp)
 
 
+def _likely_when(d: dict, cbp: dict, numbers: list, where: str) -> tuple[tuple[str, str], ...]:
+    """``likely_when``: entries ``{number: N, phase: P}``, in order: when the matched line's number N is above
+    zero, P is the most likely phase instead of ``likely_phase`` (a figure of the message that rules out the
+    phases before P, e.g. memory in CUDA graphs' private pools: the graphs exist)."""
+    xs = d.get("likely_when")
+    if xs is None:
+        return ()
+    names = {n.name for n in numbers}
+    if not isinstance(xs, list) or not all(isinstance(x, dict) and set(x) == {"number", "phase"} for x in xs):
+        raise RuleError(f"{where}: 'likely_when' is a list of {{number: N, phase: P}}")
+    for x in xs:
+        if x["number"] not in names:
+            raise RuleError(f"{where}: likely_when number '{x['number']}' is not one of the rule's numbers")
+        if x["phase"] not in cbp:
+            raise RuleError(f"{where}: likely_when phase '{x['phase']}' is not a phase of its class_by_phase")
+    return tuple((str(x["number"]), str(x["phase"])) for x in xs)
+
+
 def _check_spec(spec: Any, where: str) -> None:
     if spec is None:
         return
@@ -274,6 +292,7 @@ class Rule:
     levers: list[str] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)
     likely_phase: str | None = None      # the phase to report when the paste shows none (confidence low)
+    likely_when: tuple[tuple[str, str], ...] = ()   # (number, phase): the message's own figure rules phases out
     root_in: str = ""                    # cascade: where the root cause was printed and how to get it
     confidence: str | None = None        # the most a match of this rule can claim (a cut traceback: low)
     after: tuple[str, ...] = ()          # a root only after a line of one of these rules (the evidence it needs)

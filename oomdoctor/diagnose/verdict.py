@@ -31,9 +31,20 @@ def class_of(m: Match, call: PhaseCall) -> tuple[str | None, PhaseCall]:
         return r.klass, PhaseCall(ph, "message", "high", f"the message names it ({r.id} at line {m.n})", m.n)
     if r.likely_phase:
         seen = f"; the phase seen ({call.phase}) has no class in it" if call.phase else ""
-        return r.class_by_phase[r.likely_phase], PhaseCall(
-            r.likely_phase, "likely", "low", f"most likely phase of {r.id} (nothing in the paste shows it{seen})", m.n)
+        ph, why = likely_phase(m)
+        return r.class_by_phase[ph], PhaseCall(
+            ph, "likely", "low", f"most likely phase of {r.id} ({why}nothing in the paste shows it{seen})", m.n)
     return None, call
+
+
+def likely_phase(m: Match) -> tuple[str, str]:
+    """The rule's most likely phase for ``m``, and why: the first ``likely_when`` figure of the line above zero
+    rules out the phases before its phase; else ``likely_phase``."""
+    for number, phase in m.rule.likely_when:
+        v = m.numbers.get(number)
+        if isinstance(v, (int, float)) and v > 0:
+            return phase, f"the line's {number} is above zero; "
+    return str(m.rule.likely_phase), ""
 
 
 def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
