@@ -136,8 +136,21 @@ def gen_profiling(c: Ctx) -> list[Lever]:
 
 
 def gen_autotune(c: Ctx) -> list[Lever]:
-    out = [batch_halved(c, "smaller prefill chunks", "the autotuner's largest M is max_num_batched_tokens", 10)]
-    p = pinned_arena_lever(c, ACTIVATION_GRAPH_RESERVE, "leave room for the autotuner's workspaces", 20)
+    # torch.compile's inductor benchmarking its kernels (vllm.cuda_oom.inductor_autotune): eager mode compiles
+    # nothing, so nothing is autotuned; a kernel library's autotuner (FlashInfer, FP4) runs in eager mode too
+    inductor = c.n.get("compile_autotune_tried_bytes") is not None
+    out: list[Lever] = []
+    f = free_others(c, 5, need=c.n.get("tried_to_allocate_bytes"))
+    if f:
+        out.append(f)
+    if inductor and not c.setting("enforce_eager"):
+        out.append(lever("enforce_eager", {"enforce_eager": True}, {"outcome": "unknown"},
+                         "no torch.compile and no CUDA graphs: slower decoding (often 10-30 %)",
+                         "torch.compile's inductor ran out while benchmarking the kernels it generated; eager mode "
+                         "compiles nothing", explicit_override="enforce_eager" in c.explicit, score=10))
+    out.append(batch_halved(c, "smaller prefill chunks", "the autotuner's largest M is max_num_batched_tokens",
+                            20 if inductor else 10))
+    p = pinned_arena_lever(c, ACTIVATION_GRAPH_RESERVE, "leave room for the autotuner's workspaces", 30)
     if p:
         out.append(p)
     out.append(larger_gpu(c, None))

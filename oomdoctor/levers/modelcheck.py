@@ -6,6 +6,7 @@ from typing import Any
 
 from oomdoctor.card.records import CardDict
 from oomdoctor.engines.vllm.defaults import CUDA_CONTEXT_BYTES
+from oomdoctor.engines.vllm.memory.prediction import same_step
 from oomdoctor.errors import BadInput
 
 PLAN_ARGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens",
@@ -69,8 +70,9 @@ def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -
     recorded = run(base)
     section = {"model": model_dir, "gpu_total": total, "free_bytes": free, "settings": base, "usage_context": ctx,
                "recorded_config": _short(recorded),
-               "agrees_with_log": (not recorded["fits"] and (recorded.get("failure") or {}).get("class")
-                                   == card["classification"]["class"]) if card["classification"]["class"]
+               "agrees_with_log": (not recorded["fits"] and same_step((recorded.get("failure") or {}).get("class"),
+                                                                     card["classification"]["class"]))
+                                  if card["classification"]["class"]
                                   not in ("unknown", "not_memory") else recorded["fits"]}
     for lv in card.get("levers") or []:
         change = lv.get("change") or {}

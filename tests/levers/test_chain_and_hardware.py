@@ -132,21 +132,30 @@ def test_a_kv_allocation_oom_without_figures_gets_a_software_lever_first(tmp_pat
 def test_the_chain_reads_the_starts_config_overrides_as_the_real_profiling_run_showed(tmp_path: Path) -> None:
     """vllm-0.25.1-h200-evening/P1_profile.log: a start with hf_overrides max_position_embeddings=32768 (its RoPE
     cache so small that "Model loading took 1.66 GiB", not the checkpoint's 4,000,000 rows' 2.60 GiB) under a
-    ballast leaving 2.8 GiB runs out of memory in profiling. The real retests on the H200
-    (incidents/h200-retest-2026-12-01-evening/h200-P1_profile.yaml) halved max_num_batched_tokens twice and it
-    still failed in profiling. Read with the overrides, the chain expects exactly that (before, it expected a
-    weights_load_oom: weights 2.60 GiB > free), and the recorded config's prediction agrees with the log."""
+    ballast leaving 2.8 GiB runs out of memory while torch.compile autotunes the first forward's kernels (in the
+    profiling pass). The real retests on the H200 (incidents/h200-retest-2026-12-01-evening/h200-P1_profile.yaml)
+    halved max_num_batched_tokens twice and it still failed there. Read with the overrides, the chain of that lever
+    expects exactly that (before, it expected a weights_load_oom: weights 2.60 GiB > free); the model's profiling
+    step is the log's autotuner_oom's step, so the recorded config's prediction agrees with the log. The levers now
+    rank the process that holds the GPU first, then eager mode (no compilation), then the smaller chunks."""
     from oomdoctor.card import store
 
     log = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200-evening" / "P1_profile.log"
     card, _, _ = diagnose_log(log, tmp_path / "p1.yaml", no_device=True, model_dir=MODEL)
+    assert card["classification"]["class"] == "autotuner_oom"
     assert card["model_check"]["recorded_config"]["failure"] == "profiling_oom"
     assert card["model_check"]["agrees_with_log"] is True
-    lv = card["levers"][0]
-    assert lv["id"] == "max_num_batched_tokens"
+    ids = [lv["id"] for lv in card["levers"]]
+    assert ids[:3] == ["free_other_processes", "enforce_eager", "max_num_batched_tokens"], ids
+    first = expected_chain(card, card["levers"][0])
+    assert [s["failure"] for s in first["steps"][1:2]] == ["kv_capacity"], first["text"]   # gpu_memory_utilization 0.005
+    lv = card["levers"][2]
     chain = expected_chain(card, lv)
     assert chain["steps"][1]["failure"] == "profiling_oom", chain["text"]
     real = store.load_dict(ROOT / "incidents" / "h200-retest-2026-12-01-evening" / "h200-P1_profile.yaml")["attempts"]
     assert [a["lever"] for a in real] == ["none", "max_num_batched_tokens", "max_num_batched_tokens"]
     assert real[1]["change"] == lv["change"]
     assert check_chain(chain, real[1]["outcome"], real[1]["classification"]["class"])["status"] == "confirmed"
+    # the same attempt read with today's rules (autotuner_oom) confirms it too: the same start-up step
+    assert check_chain(chain, real[1]["outcome"], "autotuner_oom")["status"] == "confirmed"
+    assert check_chain(chain, real[1]["outcome"], "kv_capacity")["status"] == "not_confirmed"

@@ -21,6 +21,16 @@ FAILURE_PHASES = {
     "cuda_graph_oom": "cuda_graph",
 }
 
+#: the log's classes a predicted failure stands for: the model's profiling step is the first forward pass, in which
+#: vLLM compiles the model, so torch.compile's kernel autotuning fails there too (a real 0.25.1 start on an H200:
+#: fixtures/logs/vllm-0.25.1-h200-evening/P1_profile.log)
+SAME_STEP = {"profiling_oom": frozenset({"profiling_oom", "autotuner_oom"})}
+
+
+def same_step(predicted: str | None, observed: str | None) -> bool:
+    """Does the log's class ``observed`` fail in the start-up step of the predicted failure ``predicted``?"""
+    return predicted is not None and observed in SAME_STEP.get(predicted, frozenset({predicted}))
+
 
 @dataclass(frozen=True)
 class Prediction:
