@@ -102,8 +102,8 @@ def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error
                          serving[0])
     if ms:
         return ms
-    return caller_report(m, cascades) or PhaseCall(None, "", "low",
-                                                   "no frame, milestone or serving line before the error")
+    return caller_report(m, cascades) or calling_process_serving(m, frames) or PhaseCall(
+        None, "", "low", "no frame, milestone or serving line before the error")
 
 
 def caller_report(m, cascades: Sequence) -> PhaseCall | None:
@@ -114,6 +114,19 @@ def caller_report(m, cascades: Sequence) -> PhaseCall | None:
     if c is None:
         return None
     return PhaseCall(c.rule.reaches, "frames", "medium", f"the caller's report at line {c.n} ({c.rule.id})", c.n)
+
+
+def calling_process_serving(m, frames: list) -> PhaseCall | None:
+    """No frame of its own, no milestone: the traceback of the process that called this one, printed after it,
+    in a serving step (vLLM's ``LLM.generate → _run_engine → step → get_output → EngineDeadError``: the engine
+    was serving). A caller at start-up (``LLM.__init__ → wait_for_engine_startup``) shows no serving frame, and
+    says nothing of the phase. Like an outer frame: medium."""
+    f = next((f for f in frames if m.n < f.n < m.n + FRAME_WINDOW and _proc(f) != _proc(m)
+              and f.rule.reaches == "runtime"), None)
+    if f is None:
+        return None
+    return PhaseCall("runtime", "frames", "medium", f"traceback frame at line {f.n} ({f.rule.id}) of the calling "
+                     f"process {_proc(f) or '(no prefix)'}: it was serving", f.n)
 
 
 def outer_startup_frame(m, frames: list, chain_end: int | None, serving: tuple[int, str] | None) -> PhaseCall | None:
