@@ -30,6 +30,7 @@ class Workload(TypedDict, total=False):
     resolved: dict[str, Any]           # what the engine resolved them to
     env: dict[str, str]
     requests: Requests
+    requests_source: str               # how requests other than the smoke request were read (card/replay.py)
     source: str
     gpu_total_bytes: int
     free_at_start_bytes: int

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from oomdoctor.card.records import Requests, Workload
+from oomdoctor.card.replay import replay_requests
 from oomdoctor.diagnose.read import iter_lines
 from oomdoctor.redact import redact_argv, redact_env
 
@@ -176,6 +177,9 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     }
     if revealed:
         wl["env_revealed"] = revealed
+    replay = replay_requests(matches, settings.get("max_model_len") or resolved.get("max_model_len"))
+    if replay:
+        wl["requests"], wl["requests_source"] = replay
     _parallel(wl, resolved, settings)
     port = explicit.get("port") or server
     if port:

@@ -1,0 +1,45 @@
+"""A runtime failure's card replays the requests the log shows the engine running (card/replay.py): the real H200
+runtime OOMs did not reproduce with the smoke request (incidents/h200-retest-2026-12-02/)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomdoctor.card.incident import diagnose_log
+from oomdoctor.card.replay import MAX_REPLAY_REQUESTS
+from oomdoctor.card.workload import DEFAULT_REQUESTS
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+
+
+def _card(tmp_path: Path, log: Path):
+    card, _, _ = diagnose_log(log, tmp_path / "card.yaml", no_device=True)
+    return card
+
+
+def test_an_offline_runtime_oom_replays_its_prompts(tmp_path):
+    wl = _card(tmp_path, LOGS / "vllm-0.25.1-h200-night" / "R1g_runtime.log")["workload"]
+    # the kit's workload: 64 prompts of 6,000 tokens, max_tokens 512 (run_llm.py "preempt"), read from vLLM's own lines
+    assert wl["requests"] == {"kind": "replay", "prompt_tokens": 6000, "max_tokens": 512, "concurrency": 64, "count": 64}
+    assert "progress bar" in wl["requests_source"] and "dump" in wl["requests_source"]
+
+
+def test_a_server_runtime_oom_replays_its_running_and_waiting_requests(tmp_path):
+    wl = _card(tmp_path, LOGS / "vllm-0.33.0-formatstrings" / "runtime_oom.log")["workload"]
+    assert wl["launcher"] == "vllm-serve"
+    assert (wl["requests"]["prompt_tokens"], wl["requests"]["count"], wl["requests"]["concurrency"]) == (7904, 46, 46)
+
+
+def test_a_start_up_failure_keeps_the_smoke_request(tmp_path):
+    for log in ("vllm-0.25.1-h200/A_fail.log", "vllm-0.25.1-h200-night/P2_profile_eager.log"):
+        wl = _card(tmp_path, LOGS / log)["workload"]
+        assert wl["requests"] == DEFAULT_REQUESTS and "requests_source" not in wl
+
+
+def test_forged_figures_are_bounded(tmp_path):
+    src = (LOGS / "vllm-0.25.1-h200-night" / "R1g_runtime.log").read_text(encoding="utf-8")
+    forged = src.replace("| 0/64 [", "| 0/99999999 [").replace("prompt_token_ids_len=6000", "prompt_token_ids_len=90000000")
+    p = tmp_path / "forged.log"
+    p.write_text(forged, encoding="utf-8")
+    req = _card(tmp_path, p)["workload"]["requests"]
+    assert req["count"] == MAX_REPLAY_REQUESTS
+    assert req["prompt_tokens"] < 32768 and req["prompt_tokens"] + req["max_tokens"] <= 32768   # the start's window
