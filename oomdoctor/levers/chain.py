@@ -130,6 +130,19 @@ def first_follow_up(chain: Mapping[str, Any]) -> str | None:
     return None
 
 
+def chain_next_lever(chain: Mapping[str, Any]) -> str | None:
+    """The lever the chain plans after its first follow-up failure (``→ gpu_memory_utilization 0.97``); None: none."""
+    seen_failure = False
+    for s in (chain.get("steps") or [])[1:]:
+        if s.get("failure"):
+            seen_failure = True
+        elif seen_failure and s.get("lever"):
+            return str(s["lever"])
+        elif s.get("predicted") == "fits":
+            return None
+    return None
+
+
 def check_chain(chain: Mapping[str, Any] | None, outcome: str, new_class: str | None) -> dict[str, Any] | None:
     """Did the run confirm the chain's first follow-up? None when the chain predicted nothing after the lever."""
     expected = first_follow_up(chain or {})

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from oomdoctor import contract
 from oomdoctor.card.records import Attempt, CardDict, Lever, NextLever, Workload
 from oomdoctor.levers import engine as levermod
+from oomdoctor.levers.chain import chain_next_lever
 
 if TYPE_CHECKING:
     from oomdoctor.diagnose.classify import Diagnosis
@@ -82,7 +83,25 @@ def next_levers(card: CardDict, attempt: Attempt, new: "Diagnosis", gone: bool, 
     src_class = new.klass if moved_on else card["classification"]["class"]
     src_nums = new.numbers if moved_on else card.get("numbers", {})
     allowed = (new.levers if moved_on else None) or None
-    return levermod.propose(src_class, src_nums, wl_now, device, attempts_so_far, allowed=allowed)
+    levers = levermod.propose(src_class, src_nums, wl_now, device, attempts_so_far, allowed=allowed)
+    return chain_first(levers, attempt) if moved_on else levers
+
+
+def chain_first(levers: list[Lever], attempt: Attempt) -> list[Lever]:
+    """When this attempt confirmed its chain (the new failure is the one the chain expected), the lever the chain
+    planned next goes first: the memory model walked the whole way to a pass, and the run agreed with its first step
+    (a real H200 walk, P2 of incidents/h200-retest-2026-12-02/, spent a start on the ranking's choice instead)."""
+    if (attempt.get("chain_check") or {}).get("status") != "confirmed":
+        return levers
+    planned = chain_next_lever(attempt.get("expected_chain") or {})
+    i = next((i for i, lv in enumerate(levers) if lv["id"] == planned), None)
+    if not i:
+        return levers
+    out = [levers[i]] + levers[:i] + levers[i + 1:]
+    out[0] = {**out[0], "basis": f"{out[0].get('basis', '')}; the last lever's chain planned it next".lstrip("; ")}
+    for n, lv in enumerate(out, 1):
+        lv["rank"] = n
+    return out
 
 
 def next_lever(levers: list[Lever]) -> NextLever | None:
