@@ -8,6 +8,7 @@ from oomdoctor.card.records import Lever
 from oomdoctor.levers.context import Ctx
 from oomdoctor.levers.rank import dedupe
 from oomdoctor.levers.record import ACTIVATION_GRAPH_RESERVE, MiB, _h, lever
+from oomdoctor.engines.vllm.defaults import largest_default_batched_tokens
 from oomdoctor.levers.settings import (batch_halved, free_others, larger_gpu, pinned_arena_lever, util_step_down,
                                        util_to_fit_free, window_levers)
 
@@ -169,9 +170,15 @@ def gen_runtime_oom(c: Ctx) -> list[Lever]:
         shape.append(f"the engine died running a request of {c.n['oom_request_prompt_tokens']:,} prompt tokens"
                      + (f" among {c.n['oom_running_requests']} running, {c.n.get('oom_waiting_requests', 0)} waiting"
                         if c.n.get("oom_running_requests") is not None else ""))
-    out.append(batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10,
-                            shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
-                                     "halves the activation peak of the largest prefill step"]))
+    halved = batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10,
+                          shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
+                                   "halves the activation peak of the largest prefill step"])
+    if "max_num_batched_tokens" in c.explicit and mnbt > largest_default_batched_tokens():
+        # the user raised the step's token budget beyond anything vLLM picks by itself: the first suspect
+        halved["cause"] = True
+        halved["arithmetic"].insert(0, f"max_num_batched_tokens {mnbt:,} was set explicitly, above vLLM's largest "
+                                       f"default ({largest_default_batched_tokens():,})")
+    out.append(halved)
     out.append(lever("max_num_seqs", {"max_num_seqs": max(8, int(c.setting("max_num_seqs", 256) or 256) // 2)},
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:

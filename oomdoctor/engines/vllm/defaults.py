@@ -94,6 +94,11 @@ DEFAULTS_BY_VERSION: dict[str, VersionDefaults] = {
     ),
 }
 DEFAULT_ENGINE_VERSION = "0.25.1"
+
+
+def largest_default_batched_tokens() -> int:
+    """The largest max_num_batched_tokens any known version picks by itself (any card, either usage context)."""
+    return max(max(r.serve[0], r.llm[0]) for d in DEFAULTS_BY_VERSION.values() for r in d.batch_rules)
 SUPPORTED_ENGINE_VERSIONS = tuple(DEFAULTS_BY_VERSION)
 
 
