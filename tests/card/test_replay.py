@@ -43,3 +43,13 @@ def test_forged_figures_are_bounded(tmp_path):
     req = _card(tmp_path, p)["workload"]["requests"]
     assert req["count"] == MAX_REPLAY_REQUESTS
     assert req["prompt_tokens"] < 32768 and req["prompt_tokens"] + req["max_tokens"] <= 32768   # the start's window
+
+
+def test_an_explicit_token_budget_above_any_default_is_the_runtime_oom_s_first_suspect(tmp_path):
+    card = _card(tmp_path, LOGS / "vllm-0.25.1-h200-night" / "R1g_runtime.log")       # max_num_batched_tokens=65536
+    lv = card["levers"][0]
+    assert (lv["id"], lv["change"]) == ("max_num_batched_tokens", {"max_num_batched_tokens": 32768})
+    assert "above vLLM's largest default" in lv["arithmetic"][0]
+    card = _card(tmp_path, LOGS / "vllm-0.25.1-h200-night" / "R1e_runtime.log")       # the default 16384
+    lv = card["levers"][0]
+    assert lv["id"] == "max_num_batched_tokens" and not any("largest default" in a for a in lv.get("arithmetic", []))
