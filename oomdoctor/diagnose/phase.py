@@ -61,15 +61,23 @@ def frames_of(m, frames: list, prev_error_line: int, next_error_line: int | None
 def from_frames(fr: list, serving_line: int | None, m) -> PhaseCall | None:
     if not fr:
         return None
-    # innermost known frame: the last one printed before the error, or — for frames after it — the last of them
+    # innermost known frame: the last one printed before the error, or — for frames after it — the last of them.
+    # A serving frame nested in start-up frames is a start-up dummy run: the innermost start-up frame decides. A
+    # fallback frame (V2's _dummy_run, run by profile_run, capture and the warm-up alike) decides only when no other
+    # start-up frame is there
     f = fr[-1]
     conf = f.rule.confidence or "high"        # a frame that stands for several phases says so (medium)
+    startup = [x for x in fr if x.rule.reaches != "runtime"]
+    main = [x for x in startup if not x.rule.fallback]
     if f.rule.reaches == "runtime":
-        startup = [x for x in fr if x.rule.reaches != "runtime"]
         if startup:
-            f = startup[-1]
+            f = (main or startup)[-1]
+            conf = f.rule.confidence or "high"
         elif serving_line is None or serving_line > m.n:
             conf = "medium"
+    elif f.rule.fallback and main:
+        f = main[-1]
+        conf = f.rule.confidence or "high"
     return PhaseCall(f.rule.reaches, "frames", conf, f"traceback frame at line {f.n} ({f.rule.id})", f.n)
 
 

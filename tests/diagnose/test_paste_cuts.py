@@ -37,12 +37,10 @@ def _line(log: str, needle: str) -> str:
     return next(t for t in (LOGS / log).read_text(encoding="utf-8").splitlines() if needle in t)
 
 
-# cuts read wrong today, each with why (strict: a fix must remove it from here)
-KNOWN_MISSES = {
-    # the tail keeps V2's _dummy_run → execute_model frames but not profile_run above them: a lone serving frame
-    # without serving evidence reads as runtime (medium); _dummy_run stands for profiling, compile warm-up and capture
-    ("vllm-0.25.1-h200-night/P2_profile_eager", "tail80"),
-}
+# cuts read wrong today, each with why (strict: a fix must remove it from here). P2's tail80 was one: V2's
+# _dummy_run → execute_model frames without profile_run above them read as runtime; _dummy_run is now a fallback
+# start-up frame (vllm.frame.dummy_run)
+KNOWN_MISSES: set[tuple[str, str]] = set()
 
 
 def test_every_cut_of_every_real_log_reads_as_its_log():
@@ -79,6 +77,17 @@ def test_compile_or_warm_up_alone_stands_for_capture_with_confidence_medium(tmp_
     d = _one(tmp_path, "f1b_window.log", window.lines)
     assert (d.klass, d.phase, d.phase_basis_kind, d.confidence) == ("cuda_graph_oom", "cuda_graph", "frames", "medium")
     assert "vllm.frame.compile_or_warm_up" in d.phase_basis
+
+
+def test_a_dummy_run_alone_is_a_start_up_forward_and_yields_to_any_other_start_up_frame(tmp_path):
+    cuts = _cuts()
+    lines = cuts.engine_lines((LOGS / "vllm-0.25.1-h200-night" / "P2_profile_eager.log").read_text(encoding="utf-8"))
+    d = _one(tmp_path, "p2_tail80.log", lines[-80:])          # _dummy_run → execute_model, profile_run cut off
+    assert (d.klass, d.phase, d.confidence) == ("profiling_oom", "profiling", "medium")
+    assert "vllm.frame.dummy_run" in d.phase_basis
+    # capture_model → _capture_cudagraphs → _dummy_run (0.11.0's own frames): the capture frame decides
+    d = diagnose_file(LOGS / "vllm-0.11.0-formatstrings" / "cuda_graph_oom.log", RULES)
+    assert d.klass == "cuda_graph_oom" and "vllm.frame.capture" in d.phase_basis
 
 
 def test_a_serving_callers_traceback_places_a_bare_oom_at_runtime(tmp_path):
