@@ -120,6 +120,7 @@ TOOLS = {   # fixtures/logs/<folder>/<file>: the rule of oomdoctor/engines/_gene
     "urllib3-formatstrings/urllib3_2_refused.log": "client.connection_failed",
     "transformers-formatstrings/trust_remote_code_4.30.log": "transformers.trust_remote_code",
     "transformers-formatstrings/trust_remote_code_4.46.log": "transformers.trust_remote_code",
+    "triton-formatstrings/model_load_failed.log": "triton.model_load_failed",
 }
 
 
@@ -132,6 +133,14 @@ def test_a_tools_failure_is_not_memory_and_names_no_engine(rel):
 def test_the_tools_rules_are_every_engines():
     for rid in set(TOOLS.values()):
         assert sorted(r.engine for r in RULES.rules if r.id.endswith("." + rid)) == sorted(RULES.engines)
+
+
+def test_a_memory_error_that_triton_relays_is_read_as_one():
+    # Triton's "failed to load 'M' version 1: Internal: <the back end's error>": the relayed torch OOM is the root
+    d = diagnose_file(LOGS / "triton-formatstrings" / "model_load_oom.log", RULES)
+    assert d.is_memory_failure and d.klass == "weights_load_oom" and d.rule != "triton.model_load_failed"
+    assert d.numbers["tried_to_allocate_bytes"] == 896 * 2**20
+    assert diagnose_file(LOGS / "triton-formatstrings" / "models_loaded.log", RULES).klass == "unknown"
 
 
 def test_a_client_that_found_no_server_does_not_hide_the_servers_oom(tmp_path):
