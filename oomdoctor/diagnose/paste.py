@@ -15,6 +15,8 @@ of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../
   ``<module>``, ``<eval_with_key>`` and the like are Python's, not HTML, and stay;
 * non-breaking spaces: become spaces;
 * Docker's json-file log (every line a JSON object with a "log" string): the text of the records;
+* Kubernetes' CRI log file (`<RFC3339Nano> <stdout|stderr> <P|F> `): the pieces of a line longer than containerd's max_container_log_line_size
+  (`P` records, then `F`) joined, per stream;
 * ``cat -n`` line numbers (every non-blank line numbered, one after the other, then a tab): removed;
 * hard wraps: two or more different lines of one length W (60-512 characters) break inside a word, a path, a
   figure or at one blank into a next line that starts no record of its own (no time stamp, level, process or
@@ -228,12 +230,48 @@ def _unnumber(lines: list[str], undone: list[str]) -> list[str]:
     return [ln[m.end():] if (m := _NUMBERED_RE.match(ln)) else ln for ln in lines]
 
 
+# Kubernetes' CRI log file record: "<RFC3339Nano> <stdout|stderr> <P|F> <text>" (containerd 301026e58
+# internal/cri/io/logger.go: the headers time, stream, tag each followed by ' '; a line longer than the kubelet's
+# max_container_log_line_size is written as "P" records and its last piece as "F")
+_CRI_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([PF]) ")
+_CRI_BYTES_RE = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) std(?:out|err) P ")
+
+
+def _cri_partial(lines: list[str], undone: list[str]) -> list[str]:
+    """A CRI log file's partial records joined with the rest of their line (its later records lose their header)."""
+    out: list[str] = []
+    joined = 0
+    pending: dict[str, int] = {}          # stream → the record its next piece belongs to (stdout and stderr interleave)
+    for ln in lines:
+        m = _CRI_RE.match(ln)
+        if m is None:
+            out.append(ln)
+            continue
+        stream = m.group(1)
+        if stream in pending:
+            at = pending[stream]
+            out[at] += ln[m.end():]
+            joined += 1
+        else:
+            at = len(out)
+            out.append(ln)
+        if m.group(2) == "P":
+            pending[stream] = at
+        else:
+            pending.pop(stream, None)
+    if joined:
+        undone.append(f"CRI partial records joined ({joined} pieces of long lines)")
+    return out
+
+
 def undo(data: bytes) -> tuple[bytes, list[str]]:
     """(the paste's text with what pasting added undone, what was undone); the input itself when nothing was."""
     undone: list[str] = []
     lines = data.decode("utf-8", errors="surrogateescape").split("\n")
     if data.lstrip()[:2] == b'{"':
         lines = _docker_json(lines, undone)
+    if _CRI_BYTES_RE.search(data):
+        lines = _cri_partial(lines, undone)
     if b"&" in data or b"<" in data:
         lines = _unhtml(lines, undone)
     if b"\xc2\xa0" in data:

@@ -174,3 +174,29 @@ def test_a_real_log_read_back_from_journald_is_diagnosed_as_the_log(name):
     want, got = diagnose_file(orig, RULES), diagnose_file(JOURNALD / name, RULES)
     assert got.engine == "vllm" and got.engine_version == "0.25.1"
     assert_reads_as(got, want)
+
+
+@pytest.mark.parametrize("log", ["F1b_fail", "A_fail", "D_fail"])
+def test_a_cri_log_files_partial_records_are_joined(tmp_path, log):
+    # containerd writes a line longer than max_container_log_line_size as "P" records and a last "F" one
+    # (internal/cri/io/logger.go); the real H200 log rendered so with a 1,024-byte limit, stdout and stderr
+    # interleaved, reads as the log itself (vLLM's config line, ~4 KiB, carries the resolved settings)
+    src = LOGS / "vllm-0.25.1-h200" / f"{log}.log"
+    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if not ln.startswith("# ")]
+    out = []
+    for i, ln in enumerate(lines):
+        stream = "stderr" if i % 7 == 3 else "stdout"
+        while len(ln) > 1024:
+            out.append(f"2026-12-02T01:10:00.{i:09d}Z {stream} P {ln[:1024]}")
+            ln = ln[1024:]
+            if i % 5 == 0:      # the other stream's record between two pieces
+                out.append(f"2026-12-02T01:10:00.{i:09d}Z {'stdout' if stream == 'stderr' else 'stderr'} F ")
+        out.append(f"2026-12-02T01:10:00.{i:09d}Z {stream} F {ln}")
+    assert any(" P " in o[:40] for o in out)
+    cri = tmp_path / f"{log}.cri.log"
+    cri.write_text("\n".join(out) + "\n", encoding="utf-8")
+    plain = tmp_path / f"{log}.log"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    got, want = diagnose_file(cri, RULES), diagnose_file(plain, RULES)
+    assert_reads_as(got, want)
+    assert any("CRI partial records joined" in n for n in got.notes)
