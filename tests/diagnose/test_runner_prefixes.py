@@ -7,6 +7,7 @@ The property: every field-guide paste with every line behind a runner's prefix i
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,36 @@ def test_a_cri_log_files_partial_records_are_joined(tmp_path, log):
     got, want = diagnose_file(cri, RULES), diagnose_file(plain, RULES)
     assert_reads_as(got, want)
     assert any("CRI partial records joined" in n for n in got.notes)
+
+
+_VLLM_LINE = re.compile(r"^(\((?:EngineCore|APIServer|VllmWorker|Worker)[^)]{0,60}\) )?(INFO|WARNING|ERROR|DEBUG) "
+                        r"(\d\d-\d\d \d\d:\d\d:\d\d) (\[[\w./-]+:\d+\]) ")
+
+
+def _coloured(line: str, esc: str) -> str:
+    """vLLM 0.25.1's colours on a terminal: the process prefix in CYAN ... RESET (utils/system_utils.py:27-28, :211),
+    the level, time and file (logging_utils/formatter.py ColoredFormatter: level colour, GREY 90 for the rest)."""
+    m = _VLLM_LINE.match(line)
+    if not m:
+        return line
+    level = {"INFO": "32", "WARNING": "33", "ERROR": "31", "DEBUG": "37"}[m.group(2)]
+    proc = f"{esc}[0;36m{m.group(1)[:-1]}{esc}[0;0m " if m.group(1) else ""
+    return (f"{proc}{esc}[{level}m{m.group(2)}{esc}[0m {esc}[90m{m.group(3)}{esc}[0m {esc}[90m{m.group(4)}{esc}[0m "
+            + line[m.end():])
+
+
+@pytest.mark.parametrize("log", ["A_fail", "F1b_fail", "D_fail"])
+@pytest.mark.parametrize("esc", ["\x1b", ""])
+def test_vllms_terminal_colours_with_or_without_their_esc_byte_read_as_the_log(tmp_path, log, esc):
+    # a terminal's capture keeps the ESC bytes; a copy out of a browser or a web console drops them and leaves
+    # "[0;36m(EngineCore pid=1)[0;0m [32mINFO[0m ..." (a committed real log of held-out set 14 has that shape)
+    src = LOGS / "vllm-0.25.1-h200" / f"{log}.log"
+    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if not ln.startswith("# ")]
+    col = tmp_path / f"{log}.colour.log"
+    col.write_text("\n".join(_coloured(ln, esc) for ln in lines) + "\n", encoding="utf-8")
+    assert sum(1 for ln in col.read_text(encoding="utf-8").splitlines() if "[0;36m(" in ln) > 5
+    plain = tmp_path / f"{log}.log"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    got, want = diagnose_file(col, RULES), diagnose_file(plain, RULES)
+    assert_reads_as(got, want)
+    assert want.root is None or got.root.line.process == want.root.line.process != ""
