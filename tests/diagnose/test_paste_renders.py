@@ -183,10 +183,14 @@ def test_a_record_repeated_between_every_line_is_no_wrap():
     assert undo(mixed.encode())[1] == []
 
 
-def test_no_log_of_the_project_but_three_pastes_is_rewritten():
+def test_no_log_of_the_project_but_four_pastes_is_rewritten():
+    # vllm-v1-011: its docker compose lines keep vLLM's coloured prefix without the ESC bytes ("[1;36m(VllmWorker ...")
     touched = sorted(str(p.relative_to(FIX)) for p in FIX.rglob("*.log")
                      if p.stat().st_size <= paste.PASTE_MAX_BYTES and undo(p.read_bytes())[1])
-    assert touched == ["field-guide/oe-032.log", "field-guide/vllm-v0p-019.log", "field-guide/vllm-v1-027.log"]
+    assert touched == ["field-guide/oe-032.log", "field-guide/vllm-v0p-019.log", "field-guide/vllm-v1-011.log",
+                       "field-guide/vllm-v1-027.log"]
+    assert undo((FIX / "field-guide" / "vllm-v1-011.log").read_bytes())[1] == [
+        "colour codes without their ESC byte removed (58 lines started with one)"]
 
 
 def test_frames_only_paste_keeps_python_indentation():
