@@ -117,7 +117,8 @@ def oom_classes() -> set[str]:
 def accepted(names: list[str], ooms: set[str]) -> set[str]:
     out: set[str] = set()
     for n in names:
-        out |= ooms if n == "any_oom" else {n}
+        # the contract's name of a clean log's class is `unknown` (exit 3): an acceptable `clean` is that
+        out |= ooms if n == "any_oom" else {"unknown"} if n == "clean" else {n}
     return out
 
 
