@@ -133,6 +133,10 @@ def calling_process_serving(m, frames: list) -> PhaseCall | None:
               and f.rule.reaches == "runtime"), None)
     if f is None:
         return None
+    # that process's traceback must be a serving one: a start-up frame in it (another rank's profile_run →
+    # _dummy_run → execute_model) makes its serving frame a start-up dummy run
+    if any(m.n < x.n < m.n + FRAME_WINDOW and _proc(x) == _proc(f) and x.rule.reaches != "runtime" for x in frames):
+        return None
     return PhaseCall("runtime", "frames", "medium", f"traceback frame at line {f.n} ({f.rule.id}) of the calling "
                      f"process {_proc(f) or '(no prefix)'}: it was serving", f.n)
 

@@ -134,3 +134,17 @@ def test_likely_when_is_checked(when, msg):
                                                                                  {"group": "pools", "unit": "size"}}}
     with pytest.raises(RuleError, match=msg):
         build_rule(rule, Path("t.yaml"), "vllm")
+
+
+def test_another_process_in_a_start_up_step_is_no_serving_caller(tmp_path):
+    # a bare OOM line of one rank, then another process's traceback that runs execute_model inside profile_run
+    # (the real P2 frames, without a prefix): that serving frame is a start-up dummy run, not a caller serving
+    cuts = _cuts()
+    p2 = cuts.engine_lines((LOGS / "vllm-0.25.1-h200-night" / "P2_profile_eager.log").read_text(encoding="utf-8"))
+    frames = [ln.split("] ", 1)[1] if "] " in ln else ln for ln in p2
+              if 'File "' in ln and ("profile_run" in ln or "_dummy_run" in ln or "execute_model" in ln)]
+    assert any("profile_run" in f for f in frames) and any("execute_model" in f for f in frames)
+    oom = _line("vllm-0.25.1-h200-night/P2_profile_eager.log", "torch.OutOfMemoryError: CUDA out of memory")
+    lines = ["(VllmWorker rank=1 pid=7) " + oom.split("] ", 1)[1], "Traceback (most recent call last):"] + frames
+    d = _one(tmp_path, "rank_then_startup.log", lines)
+    assert d.phase_basis_kind == "likely" and d.klass != "runtime_oom"
