@@ -11,7 +11,7 @@ from typing import Any
 from oomdoctor.card.records import Lever
 from oomdoctor.engines.vllm.defaults import CHECK_KEEP_BACK, max_passing_utilization
 from oomdoctor.levers.context import Ctx
-from oomdoctor.levers.record import MiB, WINDOW_MARGIN, _h, lever
+from oomdoctor.levers.record import ACTIVATION_GRAPH_RESERVE, MiB, WINDOW_MARGIN, _h, lever
 
 
 def _align_down(n: int, step: int) -> int:
@@ -132,6 +132,9 @@ def window_levers(c: Ctx) -> list[Lever]:
                 "free memory allows it: floor(free x 0.98 / total, 2)",
                 explicit_override="gpu_memory_utilization" in c.explicit,
                 arithmetic=[f"util {c.util} → {max_util}: + {_h(gain)} of KV budget"], score=(25 if ok else 70)))
+    grow = pinned_to_fit(c, need)
+    if grow:
+        out.append(grow)
     tp = int(c.setting("tensor_parallel_size", 1) or 1)
     out.append(lever(
         "tensor_parallel_size", {"tensor_parallel_size": tp * 2},
@@ -139,6 +142,29 @@ def window_levers(c: Ctx) -> list[Lever]:
         f"{tp * 2} GPUs instead of {tp}; KV heads are split across them (needs at least {tp * 2} KV heads)",
         "KV per token per GPU halves with twice the ranks", applies_as="flag", score=80))
     return out
+
+
+def pinned_to_fit(c: Ctx, need: float) -> Lever | None:
+    """A pinned KV budget (kv_cache_memory_bytes) too small for one sequence of the window: grow it to what one
+    needs, rounded up to 100 MiB — predicted to fit only when the free memory holds it beside the weights and the
+    reserve for activations and graphs (a real H200 start pinned at 2.5e9 with 4.8 GiB free ran out allocating it)."""
+    pinned, free, weights = c.pinned, c.n.get("initial_free_bytes") or c.free, c.n.get("weights_bytes")
+    if not (pinned and need > pinned):
+        return None
+    new = math.ceil(need / (100 * MiB)) * 100 * MiB
+    room = int(free - weights - ACTIVATION_GRAPH_RESERVE) if free and weights else None
+    ok = room is not None and new <= room
+    pred: dict[str, Any] = {"outcome": "fits" if ok else ("short" if room is not None else "unknown"),
+                            "kv_cache_memory_bytes": new}
+    ar = [f"one sequence needs {_h(need)} of KV; the pinned budget is {_h(pinned)}"]
+    if room is not None:
+        ar.append(f"room = free {_h(free)} - weights {_h(weights)} - {_h(ACTIVATION_GRAPH_RESERVE)} for activations "
+                  f"and graphs = {_h(room)}" + ("" if ok else f": short by {_h(new - room)}"))
+        if not ok:
+            pred["short_by_bytes"] = int(new - room)
+    return lever("kv_cache_memory_bytes", {"kv_cache_memory_bytes": new}, pred,
+                 f"the KV cache takes {_h(new - pinned)} more of the GPU", "the pinned KV budget is what is too small",
+                 explicit_override=False, arithmetic=ar, score=15 if ok else 65)
 
 
 def pinned_arena_lever(c: Ctx, reserve: int, why: str, score: float) -> Lever | None:
