@@ -15,8 +15,8 @@ of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../
   ``<module>``, ``<eval_with_key>`` and the like are Python's, not HTML, and stay;
 * non-breaking spaces: become spaces;
 * Docker's json-file log (every line a JSON object with a "log" string): the text of the records;
-* Kubernetes' CRI log file (`<RFC3339Nano> <stdout|stderr> <P|F> `): the pieces of a line longer than containerd's max_container_log_line_size
-  (`P` records, then `F`) joined, per stream;
+* Kubernetes' CRI log file (`<RFC3339Nano> <stdout|stderr> <P|F> `): the pieces of a line longer than containerd's
+  max_container_log_line_size (`P` records, then `F`) joined, per stream;
 * colour codes whose ESC byte a copy dropped (``[0;36m(APIServer pid=1)[0;0m INFO ...``): removed, when two or more
   lines start with one;
 * ``cat -n`` line numbers (every non-blank line numbered, one after the other, then a tab): removed;
@@ -233,7 +233,7 @@ def _unnumber(lines: list[str], undone: list[str]) -> list[str]:
 
 
 # Kubernetes' CRI log file record: "<RFC3339Nano> <stdout|stderr> <P|F> <text>" (containerd 301026e58
-# internal/cri/io/logger.go: the headers time, stream, tag each followed by ' '; a line longer than the kubelet's
+# internal/cri/io/logger.go: the headers time, stream, tag each followed by ' '; a line longer than containerd's
 # max_container_log_line_size is written as "P" records and its last piece as "F")
 _CRI_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([PF]) ")
 _CRI_BYTES_RE = re.compile(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) std(?:out|err) P ")
