@@ -41,7 +41,8 @@ def replay_requests(matches: list, max_model_len: Any = None) -> tuple[Requests,
     if total:
         count, why = total, f"{total} prompts submitted (the offline progress bar)"
     elif running:
-        count, why = running + waiting, f"{running} running + {waiting} waiting when the step failed (the scheduler's stats)"
+        count = running + waiting
+        why = f"{running} running + {waiting} waiting when the step failed (the scheduler's stats)"
     else:
         count, why = 1, "one request (the log gives no count)"
     count = min(count, MAX_REPLAY_REQUESTS)

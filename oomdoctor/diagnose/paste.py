@@ -243,7 +243,7 @@ def _cri_partial(lines: list[str], undone: list[str]) -> list[str]:
     """A CRI log file's partial records joined with the rest of their line (its later records lose their header)."""
     out: list[str] = []
     joined = 0
-    pending: dict[str, int] = {}          # stream → the record its next piece belongs to (stdout and stderr interleave)
+    pending: dict[str, int] = {}          # stream → the record its next piece belongs to (the streams interleave)
     for ln in lines:
         m = _CRI_RE.match(ln)
         if m is None:
@@ -270,7 +270,8 @@ def _cri_partial(lines: list[str], undone: list[str]) -> list[str]:
 # prefix, copied from a terminal or a web console that kept the rest of the code; a committed real log of held-out
 # set 14 has it). Undone only when lines start with one, the shape of a coloured prefix or level
 _BARE_SGR_RE = re.compile(r"(?<!\x1b)\[(?:\d{1,3};){0,4}\d{1,3}m")
-_BARE_SGR_LEAD_BYTES_RE = re.compile(rb"(?m)^(?:[^\n\[\x1b]{0,64})\[(?:\d{1,3};){0,4}\d{1,3}m(?:\(|INFO|WARNING|ERROR|DEBUG)")
+_BARE_SGR_LEAD_BYTES_RE = re.compile(rb"(?m)^(?:[^\n\[\x1b]{0,64})\[(?:\d{1,3};){0,4}\d{1,3}m"
+                                     rb"(?:\(|INFO|WARNING|ERROR|DEBUG)")
 
 
 def _bare_sgr(lines: list[str], undone: list[str]) -> list[str]:
