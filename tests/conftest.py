@@ -78,3 +78,23 @@ def assert_reads_as(got, want) -> None:
     else:
         assert got.root is None
     assert got.numbers == want.numbers and got.levers == want.levers
+
+
+def h200_engine_lines(name: str) -> list[str]:
+    """A real H200 log's lines (fixtures/logs/vllm-0.25.1-h200/NAME.log) without the capture harness's `# ` header."""
+    return [ln for ln in (FIXTURES / f"{name}.log").read_text(encoding="utf-8").splitlines() if not ln.startswith("# ")]
+
+
+def assert_render_reads_as(tmp_path: Path, name: str, render, rules):
+    """A real H200 log rendered by ``render`` (lines → lines: a collector's or a terminal's form of it) is diagnosed
+    as the log itself (assert_reads_as); returns (the render's diagnosis, the log's)."""
+    from oomdoctor.diagnose.classify import diagnose_file
+
+    lines = h200_engine_lines(name)
+    rendered, plain = tmp_path / f"{name}.rendered.log", tmp_path / f"{name}.log"
+    rendered.write_text("\n".join(render(lines)) + "\n", encoding="utf-8")
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    got, want = diagnose_file(rendered, rules), diagnose_file(plain, rules)
+    assert_reads_as(got, want)
+    return got, want
+

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import assert_reads_as
+from conftest import assert_reads_as, assert_render_reads_as
 
 from oomdoctor.diagnose import parse
 from oomdoctor.diagnose.classify import diagnose_file
@@ -177,13 +177,9 @@ def test_a_real_log_read_back_from_journald_is_diagnosed_as_the_log(name):
     assert_reads_as(got, want)
 
 
-@pytest.mark.parametrize("log", ["F1b_fail", "A_fail", "D_fail"])
-def test_a_cri_log_files_partial_records_are_joined(tmp_path, log):
-    # containerd writes a line longer than max_container_log_line_size as "P" records and a last "F" one
-    # (internal/cri/io/logger.go); the real H200 log rendered so with a 1,024-byte limit, stdout and stderr
-    # interleaved, reads as the log itself (vLLM's config line, ~4 KiB, carries the resolved settings)
-    src = LOGS / "vllm-0.25.1-h200" / f"{log}.log"
-    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if not ln.startswith("# ")]
+def _cri(lines: list[str]) -> list[str]:
+    """containerd's CRI log file of ``lines`` with a 1,024-byte max_container_log_line_size, stdout and stderr
+    interleaved (an empty record of the other stream between two pieces of some lines)."""
     out = []
     for i, ln in enumerate(lines):
         stream = "stderr" if i % 7 == 3 else "stdout"
@@ -194,12 +190,15 @@ def test_a_cri_log_files_partial_records_are_joined(tmp_path, log):
                 out.append(f"2026-12-02T01:10:00.{i:09d}Z {'stdout' if stream == 'stderr' else 'stderr'} F ")
         out.append(f"2026-12-02T01:10:00.{i:09d}Z {stream} F {ln}")
     assert any(" P " in o[:40] for o in out)
-    cri = tmp_path / f"{log}.cri.log"
-    cri.write_text("\n".join(out) + "\n", encoding="utf-8")
-    plain = tmp_path / f"{log}.log"
-    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    got, want = diagnose_file(cri, RULES), diagnose_file(plain, RULES)
-    assert_reads_as(got, want)
+    return out
+
+
+@pytest.mark.parametrize("log", ["F1b_fail", "A_fail", "D_fail"])
+def test_a_cri_log_files_partial_records_are_joined(tmp_path, log):
+    # containerd writes a line longer than max_container_log_line_size as "P" records and a last "F" one
+    # (internal/cri/io/logger.go); the real H200 log rendered so reads as the log itself (vLLM's config line,
+    # ~4 KiB, carries the resolved settings)
+    got, _ = assert_render_reads_as(tmp_path, log, _cri, RULES)
     assert any("CRI partial records joined" in n for n in got.notes)
 
 
@@ -224,13 +223,10 @@ def _coloured(line: str, esc: str) -> str:
 def test_vllms_terminal_colours_with_or_without_their_esc_byte_read_as_the_log(tmp_path, log, esc):
     # a terminal's capture keeps the ESC bytes; a copy out of a browser or a web console drops them and leaves
     # "[0;36m(EngineCore pid=1)[0;0m [32mINFO[0m ..." (a committed real log of held-out set 14 has that shape)
-    src = LOGS / "vllm-0.25.1-h200" / f"{log}.log"
-    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if not ln.startswith("# ")]
-    col = tmp_path / f"{log}.colour.log"
-    col.write_text("\n".join(_coloured(ln, esc) for ln in lines) + "\n", encoding="utf-8")
-    assert sum(1 for ln in col.read_text(encoding="utf-8").splitlines() if "[0;36m(" in ln) > 5
-    plain = tmp_path / f"{log}.log"
-    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    got, want = diagnose_file(col, RULES), diagnose_file(plain, RULES)
-    assert_reads_as(got, want)
+    def render(lines: list[str]) -> list[str]:
+        out = [_coloured(ln, esc) for ln in lines]
+        assert sum(1 for ln in out if "[0;36m(" in ln) > 5
+        return out
+
+    got, want = assert_render_reads_as(tmp_path, log, render, RULES)
     assert want.root is None or got.root.line.process == want.root.line.process != ""
