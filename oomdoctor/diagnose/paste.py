@@ -270,12 +270,11 @@ def _cri_partial(lines: list[str], undone: list[str]) -> list[str]:
 # prefix, copied from a terminal or a web console that kept the rest of the code; a committed real log of held-out
 # set 14 has it). Undone only when lines start with one, the shape of a coloured prefix or level
 _BARE_SGR_RE = re.compile(r"(?<!\x1b)\[(?:\d{1,3};){0,4}\d{1,3}m")
-_BARE_SGR_LEAD_BYTES_RE = re.compile(rb"(?m)^(?:[^\n\[\x1b]{0,64})\[(?:\d{1,3};){0,4}\d{1,3}m"
-                                     rb"(?:\(|INFO|WARNING|ERROR|DEBUG)")
+_BARE_SGR_LEAD_RE = re.compile(r"[^\n\[\x1b]{0,64}\[(?:\d{1,3};){0,4}\d{1,3}m(?:\(|INFO|WARNING|ERROR|DEBUG)")
 
 
 def _bare_sgr(lines: list[str], undone: list[str]) -> list[str]:
-    leading = sum(1 for ln in lines if _BARE_SGR_LEAD_BYTES_RE.match(ln.encode("utf-8", "surrogateescape")))
+    leading = sum(1 for ln in lines if _BARE_SGR_LEAD_RE.match(ln))
     if leading < 2:
         return lines
     undone.append(f"colour codes without their ESC byte removed ({leading} lines started with one)")
