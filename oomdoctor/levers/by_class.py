@@ -173,11 +173,12 @@ def gen_runtime_oom(c: Ctx) -> list[Lever]:
     halved = batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10,
                           shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
                                    "halves the activation peak of the largest prefill step"])
-    if "max_num_batched_tokens" in c.explicit and mnbt > largest_default_batched_tokens():
+    top_default = largest_default_batched_tokens()
+    if "max_num_batched_tokens" in c.explicit and mnbt > top_default:
         # the user raised the step's token budget beyond anything vLLM picks by itself: the first suspect
         halved["cause"] = True
         halved["arithmetic"].insert(0, f"max_num_batched_tokens {mnbt:,} was set explicitly, above vLLM's largest "
-                                       f"default ({largest_default_batched_tokens():,})")
+                                       f"default ({top_default:,})")
     out.append(halved)
     out.append(lever("max_num_seqs", {"max_num_seqs": max(8, int(c.setting("max_num_seqs", 256) or 256) // 2)},
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
