@@ -29,6 +29,16 @@ def test_a_server_runtime_oom_replays_its_running_and_waiting_requests(tmp_path)
     assert (wl["requests"]["prompt_tokens"], wl["requests"]["count"], wl["requests"]["concurrency"]) == (7904, 46, 46)
 
 
+def test_a_real_server_runtime_oom_replays_the_scheduler_s_running_and_waiting(tmp_path):
+    # a real `vllm serve` 0.25.1 on the H200: 64 clients, the engine died on a step of 5 new prompts; its stats dump
+    # (SchedulerStats' full repr: num_skipped_waiting_reqs, step_counter, current_wave before kv_cache_usage) says 6
+    # running and 9 waiting. No progress bar in a server's log; the smoke request had not reproduced it.
+    wl = _card(tmp_path, LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log")["workload"]
+    assert wl["launcher"] == "vllm-serve" and wl["free_at_start_bytes"] == 6443630592
+    assert wl["requests"] == {"kind": "replay", "prompt_tokens": 6000, "max_tokens": 512, "concurrency": 15, "count": 15}
+    assert "6 running + 9 waiting" in wl["requests_source"]
+
+
 def test_a_start_up_failure_keeps_the_smoke_request(tmp_path):
     for log in ("vllm-0.25.1-h200/A_fail.log", "vllm-0.25.1-h200-night/P2_profile_eager.log"):
         wl = _card(tmp_path, LOGS / log)["workload"]
