@@ -28,6 +28,7 @@ from typing import Sequence
 
 FRAME_WINDOW = 800           # how far back (and, for a message printed before its traceback, ahead) frames are looked for
 CALLER_LINES = 8             # a caller's report follows the allocation failure it reports this close
+SERVING_AFTER_LINES = 40     # a server's report of its engine's death while serving follows it this close
 
 
 @dataclass
@@ -110,8 +111,18 @@ def phase_of(m, milestones: list, frames: list, prev_error_line: int, next_error
                          serving[0])
     if ms:
         return ms
-    return caller_report(m, cascades) or calling_process_serving(m, frames) or PhaseCall(
-        None, "", "low", "no frame, milestone or serving line before the error")
+    return caller_report(m, cascades) or calling_process_serving(m, frames) or serving_right_after(m, serving) or \
+        PhaseCall(None, "", "low", "no frame, milestone or serving line before the error")
+
+
+def serving_right_after(m, serving: tuple[int, str] | None) -> PhaseCall | None:
+    """No frame, no milestone: the first serving line follows the error closely — the server reporting its engine's
+    death to the requests it was serving (vLLM's ``AsyncLLM output_handler failed``, access-log 500s). A server that
+    never started serves nothing, so the engine was serving when it failed. Like a caller's report: medium."""
+    if serving is None or not m.n < serving[0] <= m.n + SERVING_AFTER_LINES:
+        return None
+    return PhaseCall("runtime", "serving", "medium", f"the engine had been serving: {serving[1]} at line {serving[0]}, "
+                     "right after the error", serving[0])
 
 
 def caller_report(m, cascades: Sequence) -> PhaseCall | None:
