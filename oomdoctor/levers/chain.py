@@ -130,17 +130,27 @@ def first_follow_up(chain: Mapping[str, Any]) -> str | None:
     return None
 
 
-def chain_next_lever(chain: Mapping[str, Any]) -> str | None:
-    """The lever the chain plans after its first follow-up failure (``→ gpu_memory_utilization 0.97``); None: none."""
+def chain_next_step(chain: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The step the chain plans after its first follow-up failure (``→ gpu_memory_utilization 0.97``: its ``lever``,
+    its ``change``, and ``then_fits`` when the chain's next step after it is the start fitting); None: none."""
+    steps = list(chain.get("steps") or [])
     seen_failure = False
-    for s in (chain.get("steps") or [])[1:]:
+    for i, s in enumerate(steps[1:], 1):
         if s.get("failure"):
             seen_failure = True
         elif seen_failure and s.get("lever"):
-            return str(s["lever"])
+            after = steps[i + 1] if i + 1 < len(steps) else {}
+            return {"lever": str(s["lever"]), "change": dict(s.get("change") or {}),
+                    "then_fits": after.get("predicted") == "fits"}
         elif s.get("predicted") == "fits":
             return None
     return None
+
+
+def chain_next_lever(chain: Mapping[str, Any]) -> str | None:
+    """The lever the chain plans after its first follow-up failure; None: none."""
+    step = chain_next_step(chain)
+    return step["lever"] if step else None
 
 
 def check_chain(chain: Mapping[str, Any] | None, outcome: str, new_class: str | None) -> dict[str, Any] | None:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from oomdoctor import contract
 from oomdoctor.card.records import Attempt, CardDict, Lever, NextLever, Workload
 from oomdoctor.levers import engine as levermod
-from oomdoctor.levers.chain import chain_next_lever
+from oomdoctor.levers.chain import chain_next_step
+from oomdoctor.levers.flags import flags_for_change
 
 if TYPE_CHECKING:
     from oomdoctor.diagnose.classify import Diagnosis
@@ -93,12 +94,23 @@ def chain_first(levers: list[Lever], attempt: Attempt) -> list[Lever]:
     (a real H200 walk, P2 of incidents/h200-retest-2026-12-02/, spent a start on the ranking's choice instead)."""
     if (attempt.get("chain_check") or {}).get("status") != "confirmed":
         return levers
-    planned = chain_next_lever(attempt.get("expected_chain") or {})
-    i = next((i for i, lv in enumerate(levers) if lv["id"] == planned), None)
-    if not i:
+    step = chain_next_step(attempt.get("expected_chain") or {})
+    i = next((i for i, lv in enumerate(levers) if step and lv["id"] == step["lever"]), None)
+    if i is None or step is None:
         return levers
     out = [levers[i]] + levers[:i] + levers[i + 1:]
     out[0] = {**out[0], "basis": f"{out[0].get('basis', '')}; the last lever's chain planned it next".lstrip("; ")}
+    if step["change"] and step["change"] != out[0].get("change") and set(step["change"]) == set(out[0]["change"]):
+        # the chain's value, not the one re-read from the new failure's log: the model sized it to reach the start
+        # (a real walk, R1a of incidents/h200-retest-2026-12-02-dawn/, ran the log's 300 MiB KV arena, which the
+        # model itself said falls short, instead of the chain's 1.36 GiB)
+        out[0] = {**out[0], "change": step["change"],
+                  "predicted": {"outcome": "fits" if step["then_fits"] else "unknown", "source": "the last lever's chain"},
+                  "arithmetic": [f"the last lever's chain: {attempt['expected_chain'].get('text', '')}"[:400]]}
+        out[0].pop("flag", None)
+        words = flags_for_change("vllm", out[0]["change"], None)
+        if words:
+            out[0]["flag"] = " ".join(words)
     for n, lv in enumerate(out, 1):
         lv["rank"] = n
     return out
