@@ -44,16 +44,45 @@ def _one(port: int, model: str, i: int, req: dict, host: str) -> dict:
         r = c.getresponse()
         if r.status != 200:
             return {"status": r.status, "error": r.read(2000).decode(errors="replace"), "latency_s": time.monotonic() - t0}
+        done = False
         for raw in r:
             line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
+            if line == "data: [DONE]":
+                done = True
                 continue
+            if not line.startswith("data:"):
+                continue
+            err = stream_error(line[5:])
+            if err is not None:
+                # vLLM answers 200, then reports a failure inside the stream (serving.py: "data: {error}" then
+                # [DONE]): a request whose engine died mid-stream was not served
+                return {"status": STREAM_ERROR, "error": err, "latency_s": time.monotonic() - t0}
             if ttft is None:
                 ttft = time.monotonic() - t0
             tokens += 1
+        if not done:
+            return {"status": STREAM_ERROR, "error": "the stream ended without [DONE]", "latency_s": time.monotonic() - t0}
         return {"status": 200, "ttft_s": ttft, "latency_s": time.monotonic() - t0, "chunks": tokens}
     except OSError as e:
         return {"status": -1, "error": str(e), "latency_s": time.monotonic() - t0}
+
+
+STREAM_ERROR = -2          # HTTP 200, but the stream carried an error or broke off
+
+
+def stream_error(payload: str) -> str | None:
+    """The error a streamed chunk carries (OpenAI's ``{"error": {"message": ...}}``), else None."""
+    if '"error"' not in payload:
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or "error" not in obj:
+        return None
+    err = obj["error"]
+    msg = err.get("message") if isinstance(err, dict) else err
+    return f"error in the stream: {str(msg)[:280]}"
 
 
 def _pct(values: list[float | None], p: float) -> float | None:
