@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from oomdoctor import contract
 from oomdoctor.card.records import Attempt, CardDict, Lever, NextLever, Workload
 from oomdoctor.levers import engine as levermod
-from oomdoctor.levers.chain import chain_next_step
+from oomdoctor.levers.chain import _value, chain_next_step
 from oomdoctor.levers.flags import flags_for_change
 
 if TYPE_CHECKING:
@@ -106,7 +106,9 @@ def chain_first(levers: list[Lever], attempt: Attempt) -> list[Lever]:
         # model itself said falls short, instead of the chain's 1.36 GiB)
         out[0] = {**out[0], "change": step["change"],
                   "predicted": {"outcome": "fits" if step["then_fits"] else "unknown", "source": "the last lever's chain"},
-                  "arithmetic": [f"the last lever's chain: {attempt['expected_chain'].get('text', '')}"[:400]]}
+                  "arithmetic": [f"the last lever's chain: {attempt['expected_chain'].get('text', '')}"[:400]],
+                  "cost": f"the value the last lever's chain sized ({_value(step['change'], step['lever'])}), "
+                          f"{'with which the start fits' if step['then_fits'] else 'past the failure it names'}"}
         out[0].pop("flag", None)
         words = flags_for_change("vllm", out[0]["change"], None)
         if words:
