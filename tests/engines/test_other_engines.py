@@ -260,3 +260,16 @@ def test_tensorrt_errors_not_memory_unless_out_of_memory() -> None:
     # a warning or an info line is no failure, nor another tool's "Error Code" text
     assert not rule.match(parse_line(1, "[11/15/2023-08:41:37] [TRT] [W] y: Error Code 4: Internal Error (z)"))
     assert not rule.match(parse_line(1, "2015-01-03 07:00:00,1,Error Code 1: Low Voltage"))
+
+
+def test_a_model_file_in_ollama_s_store_does_not_make_a_llama_cpp_tool_ollama(tmp_path: Path) -> None:
+    # llama-bench (a Vulkan build) given an Ollama blob: the shape of a committed real stderr (held-out set 18). Ollama's
+    # own Go sources and runners still name it (field guide oe-026..031)
+    p = tmp_path / "bench.stderr"
+    p.write_text("ggml_vulkan: Found 1 Vulkan devices:\n"
+                 "ggml_vulkan: 0 = Radeon 8060S Graphics (RADV STRIX_HALO) (radv) | uma: 1 | fp16: 1 | bf16: 0\n"
+                 "main: error: failed to load model '/usr/share/ollama/.ollama/models/blobs/sha256-f5ee307a29'\n",
+                 encoding="utf-8")
+    assert diagnose_file(p, load_rules(rules_dir())).engine == "llamacpp"
+    for case in ("oe-026", "oe-028", "oe-031"):
+        assert diagnose_file(LOGS / "field-guide" / f"{case}.log", load_rules(rules_dir())).engine == "ollama"
