@@ -147,12 +147,6 @@ def chain_next_step(chain: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def chain_next_lever(chain: Mapping[str, Any]) -> str | None:
-    """The lever the chain plans after its first follow-up failure; None: none."""
-    step = chain_next_step(chain)
-    return step["lever"] if step else None
-
-
 def check_chain(chain: Mapping[str, Any] | None, outcome: str, new_class: str | None) -> dict[str, Any] | None:
     """Did the run confirm the chain's first follow-up? None when the chain predicted nothing after the lever."""
     expected = first_follow_up(chain or {})
