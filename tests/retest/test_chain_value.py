@@ -42,3 +42,22 @@ def test_a_chain_value_for_another_setting_is_not_forced_on_the_lever():
                        {"lever": "kv_cache_memory_bytes", "change": {"max_model_len": 9}}, {"predicted": "fits"}]}
     out = chain_first(levers, {"expected_chain": chain, "chain_check": {"status": "confirmed"}})
     assert out[0]["change"] == {"kv_cache_memory_bytes": 5}
+
+
+def test_a_runtime_failure_s_chain_does_not_judge_the_run_by_the_start():
+    from oomdoctor.levers.chain import check_chain, expected_chain
+
+    models = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "gpukit-llama-886m"
+    s1 = store.load_dict(INC.parent / "second-lease" / "h200-S1_serve_runtime.yaml")
+    # on the device its chain said "then the start fits", and the runtime OOM of the next run read as not confirmed
+    assert s1["attempts"][1]["chain_check"] == {"expected": "fits", "observed": "runtime_oom", "status": "not_confirmed"}
+    s1["model_check"] = {**(s1.get("model_check") or {}), "model": str(models)}
+    chain = expected_chain(s1, {"id": "max_num_batched_tokens", "change": {"max_num_batched_tokens": 32768},
+                                "predicted": {"outcome": "unknown"}})
+    assert chain["startup_only"] and "not the serving peak" in chain["text"]
+    assert check_chain(chain, "fail", "runtime_oom") is None
+    r1a = store.load_dict(INC / "h200-R1a_kv_pinned.yaml")
+    r1a["model_check"] = {**(r1a.get("model_check") or {}), "model": str(models)}
+    chain = expected_chain(r1a, {"id": "kv_cache_dtype", "change": {"kv_cache_dtype": "fp8"}, "predicted": {"outcome": "fits"}})
+    assert "startup_only" not in chain
+    assert check_chain(chain, "fail", "kv_allocation_oom")["status"] == "confirmed"
