@@ -8,6 +8,7 @@
 # the client's own summary goes to NAME_client.txt. The server and the ballast are stopped by process group, and
 # the script waits until NVML shows the memory back.
 # Usage: bash tools/gpu/serve_runtime_oom.sh LOGDIR NAME FREE_BYTES MAX_NUM_BATCHED_TOKENS
+#        FLAGS='--max-model-len 32768 ...' replaces the engine flags (MAX_NUM_BATCHED_TOKENS is then unused)
 set -u
 L=$1; N=$2; FREE=$3; MNBT=$4; PORT=8012
 mkdir -p "$L"
@@ -19,7 +20,9 @@ setsid python3 .gpu/kit/ballast.py "$FREE" /tmp/ballast_$N.json > /dev/null 2>&1
 BAL=$!
 for i in $(seq 1 180); do [ -s /tmp/ballast_$N.json ] && break; sleep 0.5; done
 sleep 0.3
-C="python3 -m vllm.entrypoints.cli.main serve /root/model --max-model-len 32768 --max-num-seqs 64 --max-num-batched-tokens $MNBT --gpu-memory-utilization 0.02 --kv-cache-memory-bytes 2500000000 --enforce-eager --hf-overrides {\"max_position_embeddings\":32768} --port $PORT"
+DEFAULT_FLAGS="--max-model-len 32768 --max-num-seqs 64 --max-num-batched-tokens $MNBT --gpu-memory-utilization 0.02 --kv-cache-memory-bytes 2500000000 --enforce-eager --hf-overrides '{\"max_position_embeddings\":32768}'"
+FLAGS=${FLAGS:-$DEFAULT_FLAGS}
+C="python3 -m vllm.entrypoints.cli.main serve /root/model $FLAGS --port $PORT"
 {
   echo "# scenario $N; cmd: $C"
   echo "# env: {\"VLLM_USE_FLASHINFER_SAMPLER\": \"0\", \"VLLM_LOGGING_LEVEL\": \"INFO\", \"PYTHONUNBUFFERED\": \"1\", \"HF_HUB_OFFLINE\": \"1\"}"
@@ -27,8 +30,8 @@ C="python3 -m vllm.entrypoints.cli.main serve /root/model --max-model-len 32768 
   echo "# ballast: $(cat /tmp/ballast_$N.json)"
 } > "$L/$N.log"
 T0=$SECONDS
-setsid python3 -m vllm.entrypoints.cli.main serve /root/model --max-model-len 32768 --max-num-seqs 64 \
-  --max-num-batched-tokens "$MNBT" --gpu-memory-utilization 0.02 --kv-cache-memory-bytes 2500000000 --enforce-eager --hf-overrides '{"max_position_embeddings":32768}' --port $PORT >> "$L/$N.log" 2>&1 &
+eval "set -- $FLAGS"        # the flags as words (the JSON of --hf-overrides stays one word)
+setsid python3 -m vllm.entrypoints.cli.main serve /root/model "$@" --port $PORT >> "$L/$N.log" 2>&1 &
 PID=$!
 python3 - $PID $PORT > "$L/${N}_client.txt" 2>&1 <<'PY'
 import sys, time, json, os, random, urllib.request, urllib.error
