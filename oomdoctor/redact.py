@@ -35,7 +35,7 @@ _NOT_A_SECRET_TAIL = frozenset({"error", "exception", "warning", "file", "path",
                                 "count", "type", "dtype", "bytes", "tokens", "budget", "name", "names", "id", "ids"})
 # values that are no secret whatever their key's name (and an auth scheme is kept before its masked credentials)
 _KEPT_VALUES = frozenset({"", MASK, "None", "null", "true", "false", "True", "False", "Bearer", "Basic", "bearer",
-                          "basic", "Token", "Digest"})
+                          "basic", "Token", "Digest", "VALUE"})     # VALUE: a placeholder ("KEY=VALUE line")
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")        # snake, kebab, dotted, camelCase and CAPS words
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s?(?:[KMGTPE]i?B|[KMGTPE]i?|B|%|x|s|ms"
                      r"|bytes|tokens?)?")
