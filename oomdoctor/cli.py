@@ -102,8 +102,11 @@ def _pipe_broke(before: tuple[int, int] | None) -> bool:
 
 def _one_line(msg: object) -> str:
     """An error message as ONE line: control characters that came from the input (a key with a CR in a card, a
-    newline in a path) are written escaped, never as line breaks."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(msg))
+    newline in a path) are written escaped, never as line breaks; and redacted, as every output is (a message may
+    quote a line of the input, an env file's `HF_TOKEN hf_...`, or a URL with user:password@)."""
+    from oomdoctor.redact import redact_text
+
+    return redact_text("".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(msg)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - one line, never a traceback, unless asked for
         if os.environ.get("OOMDOCTOR_DEBUG"):
             raise
-        click.echo(f"oomdoctor: internal error: {type(e).__name__}: {e} (set OOMDOCTOR_DEBUG=1 for the traceback)", err=True)
+        click.echo(f"oomdoctor: internal error: {type(e).__name__}: {_one_line(e)} (set OOMDOCTOR_DEBUG=1 for the "
+                   f"traceback)", err=True)
         sys.exit(70)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -35,7 +35,7 @@ _NOT_A_SECRET_TAIL = frozenset({"error", "exception", "warning", "file", "path",
                                 "count", "type", "dtype", "bytes", "tokens", "budget", "name", "names", "id", "ids"})
 # values that are no secret whatever their key's name (and an auth scheme is kept before its masked credentials)
 _KEPT_VALUES = frozenset({"", MASK, "None", "null", "true", "false", "True", "False", "Bearer", "Basic", "bearer",
-                          "basic", "Token", "Digest"})
+                          "basic", "Token", "Digest", "VALUE"})     # VALUE: a placeholder ("KEY=VALUE line")
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")        # snake, kebab, dotted, camelCase and CAPS words
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s?(?:[KMGTPE]i?B|[KMGTPE]i?|B|%|x|s|ms"
                      r"|bytes|tokens?)?")
@@ -46,10 +46,12 @@ _AUTH_HEADER = re.compile(r"(?i)(?<![\w-])(authorization['\"]?\s{0,8}[:=]\s{0,8}
 _BEARER = re.compile(r"(?i)(?<![\w-])(bearer\s{1,8})[A-Za-z0-9._~+/=\-]{8,4096}")
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_\-]{0,63})(=|['\"]?,\s{0,4}['\"]|\s{1,8})"
                    r"([^\s'\",}\]]{1,4096})")
-# a value: a quoted string, a [list] or a bare word; the closing quote/bracket is optional so that a value ALWAYS
-# matches once the key did and what was scanned is consumed (no rescans: linear on any line)
-_PAIR = re.compile(r"(?<![\w\-.])(['\"]?)([A-Za-z_][A-Za-z0-9_.\-]{0,127})\1(\s{0,8}[:=]\s{0,8})"
-                   r"('[^'\n]{0,4096}'?|\"[^\"\n]{0,4096}\"?|\[[^\]\n]{0,8192}\]?|[^\s,;}\]'\"]{1,4096})")
+# a key and its separator. The value after a secret key (a quoted string, a [list] or a bare word; the closing
+# quote/bracket is optional so that a value ALWAYS matches) is masked and consumed; the value of any other key is
+# scanned on like the rest of the line, so that what it holds is looked at too ("env: [HF_TOKEN=...]",
+# "msg: 'password=...'"). Each character is scanned once (linear on any line).
+_KEY = re.compile(r"(?<![\w\-.])(['\"]?)([A-Za-z_][A-Za-z0-9_.\-]{0,127})\1(\s{0,8}[:=]\s{0,8})")
+_VALUE = re.compile(r"'[^'\n]{0,4096}'?|\"[^\"\n]{0,4096}\"?|\[[^\]\n]{0,8192}\]?|[^\s,;}\]'\"]{1,4096}")
 # every secret name of _SECRET_WORDS holds one of these (case-insensitive): no hint, no name to look at
 _HINTS = ("secret", "pass", "pwd", "key", "cred", "auth", "cookie", "bearer")
 _TOKEN_WORD = re.compile(r"token(?!s)")
@@ -108,14 +110,17 @@ def _sub_auth(m: re.Match[str]) -> str:
     return m.group(1) + (m.group(2) + " " if m.group(2) else "") + MASK
 
 
-def _sub_pair(m: re.Match[str]) -> str:
-    quote, key, sep = m.group(1), m.group(2), m.group(3)
-    if not secret_name(key):
-        return m.group(0)
-    prose = not quote and key.islower() and key.isalpha() and sep[:1].isspace()
-    if prose:             # "KV bytes per token = needed / max_model_len": a word of a sentence, not an assignment
-        return m.group(0)
-    return m.group(0)[: m.start(4) - m.start(0)] + _mask_value(m.group(4))
+def _redact_pairs(s: str) -> str:
+    out, pos = [], 0
+    while (m := _KEY.search(s, pos)) is not None:
+        quote, key, sep = m.group(1), m.group(2), m.group(3)
+        # "KV bytes per token = needed / max_model_len": a word of a sentence, not an assignment
+        prose = not quote and key.islower() and key.isalpha() and sep[:1].isspace()
+        v = _VALUE.match(s, m.end()) if secret_name(key) and not prose else None
+        out.append(s[pos:m.end()] + (_mask_value(v.group(0)) if v else ""))
+        pos = v.end() if v else m.end()
+    out.append(s[pos:])
+    return "".join(out)
 
 
 def redact_text(s: str) -> str:
@@ -128,7 +133,7 @@ def redact_text(s: str) -> str:
         s = _AUTH_HEADER.sub(_sub_auth, s)
         s = _BEARER.sub(lambda m: m.group(1) + MASK, s)
         s = _FLAG.sub(_sub_flag, s)
-        s = _PAIR.sub(_sub_pair, s)
+        s = _redact_pairs(s)
     for rx, hints in zip(TOKEN_PATTERNS, _TOKEN_HINTS):
         if any(h in s for h in hints):
             s = rx.sub(MASK, s)

@@ -47,6 +47,20 @@ def refuse_special(path: Path, what: str = "file") -> None:
     raise CardError(f"{path}: is {kind}, not a regular file; the {what} is not written there")
 
 
+def refuse_linked_dir(path: Path, what: str = "runs folder") -> None:
+    """CardError when ``path`` exists and is not a real folder: a symlink (to a folder too) would take the run's
+    logs and run file wherever it points, away from the card they belong to."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CardError(f"{path}: cannot be examined ({e.strerror or e})")
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise CardError(f"{path}: is {kind}, not a folder; the {what} is not written there")
+
+
 @contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[None]:
     """Exclusive lock for writing ``path``: flock on its folder, held until the block ends."""

@@ -62,13 +62,14 @@ def _prepare_attempt(ec: dict, fp: str, attempt: dict) -> dict:
 
 def _copy_log(log: Path, p: Path, n: int) -> tuple[str, str]:
     """Copy the run's log to ``<receipt stem>.runs/attempt-N.log`` (a new file); (its path relative to the receipt, sha256)."""
-    from oomdoctor.card.locking import refuse_special
+    from oomdoctor.card.locking import refuse_linked_dir, refuse_special
     from oomdoctor.diagnose.read import file_sha256
 
     refuse_special(log, "log")
     if not log.is_file():
         raise BadInput(f"receipt: the run's log {log} does not exist; a receipt is written for a run, with its log")
     dest_dir = p.parent / (p.stem + ".runs")
+    refuse_linked_dir(dest_dir)
     dest = dest_dir / f"attempt-{n}.log"
     k = 1
     while os.path.lexists(dest):

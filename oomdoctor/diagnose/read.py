@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -300,12 +301,34 @@ def is_stdin(path: str | os.PathLike) -> bool:
     return str(path) in STDIN_NAMES
 
 
-def _spool(src: BinaryIO, dst: BinaryIO) -> None:
+#: what stdin may put in the temporary folder at most (OOMDOCTOR_STDIN_MAX_BYTES overrides), and the free space
+#: the folder keeps: a stream that never ends (`< /dev/zero`, `yes |`) must not fill the disk
+STDIN_MAX_BYTES = 64 << 30
+STDIN_KEEP_FREE = 512 << 20
+_MAGICS = (GZIP_MAGIC, b"\x28\xb5\x2f\xfd") + UTF16_BOMS     # gzip, zstd, UTF-16: judged after decoding
+
+
+def _spool(src: BinaryIO, dst: BinaryIO, where: str) -> None:
+    """stdin into ``dst``, refusing (BadInput) binary data at its start — as a file's start is judged — before
+    more of it is read, and a stream larger than the cap or than the temporary folder's free space allows."""
+    cap = int(os.environ.get("OOMDOCTOR_STDIN_MAX_BYTES") or STDIN_MAX_BYTES)
+    head, n = b"", 0
     while True:
         buf = src.read(CHUNK)
         if not buf:
             break
+        if len(head) < PROBE_BYTES:
+            head += buf[:PROBE_BYTES]
+            if not head.startswith(_MAGICS) and head.strip() and looks_binary(head.lstrip()[:PROBE_BYTES]):
+                raise BadInput(f"{STDIN_SHOWN}: binary data, not a text log")
         dst.write(buf)
+        n += len(buf)
+        if n > cap:
+            raise BadInput(f"{STDIN_SHOWN}: more than {cap:,} bytes and still coming; save the log to a file "
+                           f"(OOMDOCTOR_STDIN_MAX_BYTES raises the cap)")
+        if n % (64 * CHUNK) < len(buf) and shutil.disk_usage(where).free < STDIN_KEEP_FREE:
+            raise BadInput(f"{STDIN_SHOWN}: stopped after {n:,} bytes: the temporary folder has less than "
+                           f"{STDIN_KEEP_FREE >> 20} MiB left; save the log to a file")
 
 
 @contextmanager
@@ -326,7 +349,7 @@ def log_source(path: str | os.PathLike, stdin: BinaryIO | None = None) -> Iterat
     with tempfile.TemporaryDirectory(prefix="oomdoctor-stdin-") as d:
         tmp = Path(d) / "stdin.log"
         with open(tmp, "wb") as out:
-            _spool(src, out)
+            _spool(src, out, d)
         try:
             yield tmp, STDIN_SHOWN
         except BadInput as e:

@@ -11,7 +11,9 @@ from oomdoctor.engines.vllm.argv import find_serve, normalize_args, parse_serve_
 from oomdoctor.errors import BadInput
 from oomdoctor.gate.shellwords import _ARGS_SENTINEL, _ASSIGN_RE, _NAME, _Unresolvable, _expand, _split_commands
 
-_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*?)\s*$")
+# the value is stripped after the match: a lazy (.*?)\s*$ rescanned every run of blanks from each of its spaces
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*)$")
+_COMMENT = re.compile(r"\s#")
 
 
 def parse_env_file(text: str, origin: str) -> dict[str, str]:
@@ -34,7 +36,8 @@ def parse_env_file(text: str, origin: str) -> dict[str, str]:
                 raise BadInput(f"{origin}:{n}: the value of {m.group(1)} is not one quoted string")
             val = toks[0]
         else:
-            val = re.sub(r"\s+#.*$", "", val)
+            c = _COMMENT.search(val)            # a comment starts at the blanks before the first " #"
+            val = val[:c.start()].rstrip() if c else val
         out[m.group(1)] = val
     return out
 

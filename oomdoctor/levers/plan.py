@@ -19,14 +19,14 @@ from oomdoctor.units import NAMED_CARDS, parse_size
 __all__ = ["LEVER_FREE_MARGIN_BYTES", "LEVER_KV_MARGIN", "LEVER_ORDER", "parse_human_int", "parse_kv_bytes", "plan",
            "propose_levers", "resolve_gpu", "to_json"]
 
-_HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT])?\s*$")
+_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtKMGT])?$")      # on a stripped text (see units.SIZE_RE)
 
 
 def parse_human_int(text: Union[str, int, None], what: str) -> int | None:
     """vLLM's human-readable ints: ``32768``, ``32k`` (x1000), ``32K`` (x1024), ``1.5M``; None stays None."""
     if text is None or isinstance(text, int):
         return text
-    m = _HUMAN_INT.match(str(text).replace(",", "").replace("_", ""))
+    m = _HUMAN_INT.match(str(text).replace(",", "").replace("_", "").strip())
     if not m:
         raise BadInput(f"{what}: not a number: {text!r} (use e.g. 32768, 32k or 32K)")
     num, suf = float(m.group(1)), m.group(2)

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-from oomdoctor.card.locking import atomic_write, locked, refuse_special
+from oomdoctor.card.locking import atomic_write, locked, refuse_linked_dir, refuse_special
 from oomdoctor.errors import OomdoctorError
 from oomdoctor.retest import procs
 
@@ -128,6 +128,7 @@ def active(run_dir: Path, say: Callable[[str], None]) -> Iterator[dict]:
     """While inside: the run file names this process and every group it starts; orphans of a dead run are
     ended first. The file is removed on the way out (not by SIGKILL: then the next run reads it)."""
     run_dir = Path(run_dir)
+    refuse_linked_dir(run_dir)
     path = run_dir / NAME
     with locked(path):
         cleaned = clean_orphans(run_dir, say)

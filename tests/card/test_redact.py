@@ -46,3 +46,27 @@ def test_teed_engine_log_is_redacted(tmp_path) -> None:
     g.stop()
     text = log.read_text()
     assert "sk-abcdef123456" not in text and MASK in text and "'port': 8000" in text
+
+
+@pytest.mark.parametrize("line", [
+    "ValueError: [key=hf_EVIDENCETOKENXXXXXXXXXXXXXXX password=evpass123 https://u:evpw@x.y/] To serve",
+    "env: [HF_TOKEN=abc123secret]",
+    'msg: "password=abc123secret"',
+    "msg: 'api_key=abc123secret'",
+    'a: [b: "c: password=abc123secret"]',
+])
+def test_a_secret_pair_inside_the_value_of_another_key_is_masked(line) -> None:
+    """The value of a key that names no secret ("ValueError: [...]", "env: [...]") was consumed whole, and the
+    ``password=`` or ``HF_TOKEN=`` inside it reached the card, the text and the JSON unmasked."""
+    out = redact_text(line)
+    assert "evpass123" not in out and "abc123secret" not in out and MASK in out, out
+
+
+def test_pairs_stay_linear_and_keep_numbers() -> None:
+    import time
+
+    for s in ("a: [" * 300_000, "password=" * 100_000, "'k': " * 200_000):
+        t0 = time.perf_counter()
+        redact_text(s)
+        assert time.perf_counter() - t0 < 2.0
+    assert redact_text("cfg: [password=12345, max_num_seqs=256]") == "cfg: [password=12345, max_num_seqs=256]"

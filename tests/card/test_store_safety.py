@@ -145,3 +145,31 @@ def test_reading_a_fifo_as_a_card_does_not_hang(tmp_path: Path) -> None:
         cardmod.load_dict(fifo)
     r = invoke("retest", fifo, "--engine", "twin")
     assert r.rc == 2 and r.err.startswith("oomdoctor: error:")
+
+
+def test_a_symlinked_runs_folder_is_refused_not_followed(tmp_path: Path) -> None:
+    """`CARD.runs -> elsewhere`: a retest wrote its run file and the engine's log (attempt-1-<lever>.log) into the
+    link's target; a receipt's log copy and the ladder's logs went the same way."""
+    from oomdoctor.analysis.ladder.runner import EngineRunner
+    from oomdoctor.card import receipt  # noqa: F401 - receipt_write is imported through it
+    from oomdoctor.card.receipt_write import _copy_log
+    from oomdoctor.retest import runfile
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    runs = tmp_path / "c.runs"
+    runs.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(CardError, match="is a symlink, not a folder"):
+        with runfile.active(runs, lambda s: None):
+            pass
+    log = tmp_path / "run.log"
+    log.write_text("INFO x\n")
+    with pytest.raises(CardError, match="is a symlink, not a folder"):
+        _copy_log(log, tmp_path / "c.yaml", 1)
+    from types import SimpleNamespace
+
+    runner = EngineRunner.__new__(EngineRunner)
+    runner.runs_dir, runner.baseline_free, runner.ballast, runner.plan = runs, None, False, SimpleNamespace(env={})
+    with pytest.raises(CardError, match="is a symlink, not a folder"):
+        runner(1 << 30)
+    assert list(elsewhere.iterdir()) == []

@@ -151,3 +151,18 @@ def test_an_error_naming_input_with_line_breaks_is_still_one_line(cli, tmp_path:
     for args in (["retest", card, "--dry-run"], ["diagnose", tmp_path / "no\nsuch.log"]):
         r = cli(*args)
         assert r.rc == 2 and len(r.err.splitlines()) == 1 and r.err.startswith("oomdoctor: error: "), r.err
+
+
+def test_an_error_line_is_redacted_like_every_output(cli) -> None:
+    """`--metrics http://admin:hunter2pass@127.0.0.1:1/metrics` printed the password in its error line, and an env
+    file's `HF_TOKEN hf_...` line (no `=`) was quoted whole by the gate's error: the error line was not redacted."""
+    r = cli("diagnose", H200 / "A_fail.log", "--no-device", "--no-card", "--quiet",
+            "--metrics", "http://admin:hunter2pass@127.0.0.1:1/metrics")
+    assert r.rc == 2 and "hunter2pass" not in r.err and "***REDACTED***" in r.err, r.err
+    from oomdoctor.errors import BadInput
+    from oomdoctor.gate.script import parse_env_file
+
+    with pytest.raises(BadInput) as e:
+        parse_env_file("HF_TOKEN hf_abcdefghijklmnopqrstuvwxyz12\n", "serve.env")
+    assert "hf_abcdefghijklmnopqrstuvwxyz12" not in climod._one_line(e.value)
+    assert "12,345 bytes" in climod._one_line("12,345 bytes; api_key=sk1 line 7")         # numbers stay

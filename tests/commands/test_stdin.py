@@ -78,6 +78,40 @@ def test_bad_stdin_is_one_line_naming_stdin(cli, tmp_path, monkeypatch, data, sa
     assert "oomdoctor-stdin-" not in r.err
 
 
+class _Endless(io.RawIOBase):
+    """A stdin that never ends (`< /dev/zero`, `yes |`): ``unit`` again and again, counting what was read."""
+
+    def __init__(self, unit: bytes):
+        self.unit, self.given = unit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        n = len(b) - len(b) % len(self.unit)
+        b[:n] = self.unit * (n // len(self.unit))
+        self.given += n
+        return n
+
+
+@pytest.mark.parametrize("unit,env,says", [(b"\x00", None, "binary data"),
+                                           (b"INFO hello\n", "20000000", "more than 20,000,000 bytes")])
+def test_stdin_that_never_ends_is_refused_not_spooled_forever(cli, monkeypatch, unit, env, says):
+    """`oomdoctor diagnose - < /dev/zero` wrote 4 GB into the temporary folder in 20 s and never stopped (the
+    spool judged nothing until stdin ended); a text stream that never ends filled the disk the same way."""
+    src = _Endless(unit)
+
+    class Wrapper:
+        buffer = io.BufferedReader(src)
+
+    monkeypatch.setattr(sys, "stdin", Wrapper())
+    if env:
+        monkeypatch.setenv("OOMDOCTOR_STDIN_MAX_BYTES", env)
+    r = cli("diagnose", "-", "--no-device", "--no-card")
+    assert r.rc == 2 and r.err.startswith("oomdoctor: error: <stdin>: ") and says in r.err, r.err
+    assert src.given < 64 << 20
+
+
 def test_a_terminal_on_stdin_is_refused_not_waited_for(cli, monkeypatch):
     class Tty(io.BytesIO):
         def isatty(self) -> bool:

@@ -84,6 +84,38 @@ def test_version_patterns_are_bounded_too(engine):
         assert catastrophic(vp.pattern) is None
 
 
+RUNS = ["_", "7", "A"]          # a run of word characters, digits, capitals: what `\\w+`, `\\d+`, `[A-Z]\\w+` rescan
+
+
+@pytest.mark.parametrize("rule", RULES.rules, ids=[r.id for r in RULES.rules])
+def test_a_run_of_one_character_under_the_cap_is_scanned_once_not_from_each_of_its_characters(rule):
+    """Under a second a line (the test above) is not linear: `(?P<func>\\w+): can't allocate` took 1.0 s on 8 KiB of
+    `_` (the regex sees MATCH_CHARS of a line), so 100 such lines, 830 KB, took 104 s to diagnose. A line whose
+    first MATCH_CHARS are one run and whose anchor comes after them is the worst case of every leading repeat."""
+    for p in rule.patterns:
+        for f in RUNS:
+            line = f * MATCH_CHARS + p.anchor
+            t0 = time.perf_counter()
+            rule.match(parse_line(1, line))
+            assert time.perf_counter() - t0 < 0.1, f"{rule.id}: {p.source[:60]!r} on {f!r} x {MATCH_CHARS}"
+
+
+def test_a_log_of_near_miss_runs_is_diagnosed_in_seconds(tmp_path):
+    import random
+    import string
+
+    from oomdoctor.diagnose.classify import diagnose_file
+
+    rnd = random.Random(1)
+    body = "".join("_" * 8300 + "".join(rnd.choice(string.ascii_letters) for _ in range(12))
+                   + ": can't allocate 12 Bytes of memory on device\n" for _ in range(40))
+    log = tmp_path / "runs.log"
+    log.write_text((ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200" / "A_fail.log").read_text() + body)
+    t0 = time.perf_counter()
+    diagnose_file(log, RULES, scanner="python")
+    assert time.perf_counter() - t0 < 10.0
+
+
 def test_a_match_beyond_the_cap_is_not_searched_but_one_inside_it_is():
     rule = next(r for r in RULES.rules if r.id == "vllm.milestone.kv_budget")
     hit = "Available KV cache memory: 124.52 GiB"

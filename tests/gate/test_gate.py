@@ -499,6 +499,30 @@ def test_serve_script_parsing():
     assert any('"$@"' in n for n in cmd.notes)
 
 
+@pytest.mark.parametrize("what,text", [
+    ("serve script", "vllm serve m --max-model-len " + "${" * 40_000 + "\n"),
+    ("env file", "A=a" + " " * 200_000 + "b\n"),
+    ("env file", "A=a" + " \t" * 100_000 + "x\n"),
+])
+def test_serve_scripts_and_env_files_are_read_in_linear_time(what, text):
+    """A serving config may be 16 MiB: `${` x 40,000 without a closing brace took 25 s (each `${` scanned the rest
+    of the line again), an env line of 20,000 blanks inside its value 4 s (a lazy value before `\\s*$`, and
+    `\\s+#.*$` from every blank)."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        _script(text) if what == "serve script" else gatemod.parse_env_file(text, "serve.env")
+    except BadInput as e:
+        assert "closing" in str(e)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_env_file_comments_and_blanks_are_cut_as_before():
+    got = gatemod.parse_env_file("A=x  # c\nB=\"q r\"  # z\nC=a#b\nD=  v  \nexport E=1 #x\nF=a \t # y\n", "e")
+    assert got == {"A": "x", "B": "q r", "C": "a#b", "D": "v", "E": "1", "F": "a"}
+
+
 def test_serve_script_variables_from_the_env_file_win_over_defaults():
     cmd = _script("exec vllm serve m --max-model-len ${MAX_LEN:-4096} --max-num-seqs ${SEQS-8}\n",
                   {"MAX_LEN": "65536"})

@@ -87,6 +87,32 @@ def test_code_loading_arguments_and_flag_models_need_trust() -> None:
     require_trusted({"launcher": "vllm-llm", "model": "m", "engine_args": {"worker_cls": "evil.W"}}, True)
 
 
+@pytest.mark.parametrize("args", [
+    {"distributed_executor_backend": "evilmod.Exec"},            # resolve_obj_by_qualname
+    {"scheduler_cls": "evilmod.Sched"},
+    {"log_config_file": "/tmp/log.json"},                         # dictConfig's "()" factories
+    {"config": "/tmp/evil.yaml"},                                 # a vLLM --config file holds any argument
+    {"kv_transfer_config": {"kv_connector": "X", "kv_connector_module_path": "evilmod", "kv_role": "kv_both"}},
+    {"trust_remote": True},                                       # argparse expands a unique prefix
+    {"worker_extension": "evilmod.Ext"},
+    {"compilation_config": {"backend": "evilmod.compile"}},
+    {"compilation_config": '{"inductor_passes": {"p": "evilmod.f"}}'},
+    {"max_model_len": "--trust-remote-code"},                     # a value read as a flag
+])
+def test_every_code_loading_engine_argument_needs_trust(args) -> None:
+    """Engine arguments that make vLLM import a module or class named by the card (found by reading vLLM 0.25.1's
+    own sources: executor backends, scheduler classes, connector module paths, logging configs, --config files,
+    argparse's prefix abbreviations) were run without --trust-card."""
+    why = untrusted({"launcher": "vllm-llm", "model": "m", "engine_args": {"max_model_len": 8, **args}})
+    assert why, args
+
+
+def test_harmless_values_of_value_checked_arguments_stay_trusted() -> None:
+    for args in ({"distributed_executor_backend": "mp"}, {"compilation_config": {"backend": "inductor", "mode": 3}},
+                 {"compilation_config": '{"cudagraph_capture_sizes": [1, 2]}'}, {"max_model_len": "-1"}):
+        assert untrusted({"launcher": "vllm-serve", "model": "m", "engine_args": args}) == [], args
+
+
 def test_card_environment_is_filtered_unless_trusted() -> None:
     env = {"LD_PRELOAD": "/tmp/e.so", "PYTHONPATH": "/tmp/p", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
            "VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONSTARTUP": "/tmp/s.py"}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from oomdoctor.card import store as cardmod
+from oomdoctor.card.locking import refuse_linked_dir
 from oomdoctor.errors import OomdoctorError
 from oomdoctor.units import human_bytes
 
@@ -58,6 +59,7 @@ class EngineRunner:
         p = copy.copy(self.plan)
         p.env = {**self.plan.env, FREE_ENV: str(int(target))}
         p.emulate_free_bytes = int(target) if self.ballast else None
+        refuse_linked_dir(self.runs_dir)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         stamp = cardmod.now_iso().replace(":", "").replace("-", "")
         log = self.runs_dir / f"ladder-{stamp}-{int(target)}.log"
