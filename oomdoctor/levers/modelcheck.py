@@ -76,15 +76,43 @@ def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -
                                   not in ("unknown", "not_memory") else recorded["fits"]}
     for lv in card.get("levers") or []:
         change = lv.get("change") or {}
-        if not change or not set(change) <= set(PLAN_ARGS):
+        freed = lv["id"] == "free_other_processes" and free is not None
+        if not freed and (not change or not set(change) <= set(PLAN_ARGS)):
             continue
         try:
-            lv["predicted"]["model"] = _short(run({**base, **change}))
+            lv["predicted"]["model"] = _short(
+                plan(model_dir, total, free=None, engine_version=version, usage_context=ctx, **base) if freed
+                else run({**base, **change}))
         except BadInput as e:
             lv["predicted"]["model"] = {"error": str(e)}
     card["model_check"] = section
+    if card.get("levers"):
+        card["levers"] = model_ranked(card["levers"], card["classification"].get("phase"))
     _chains(card)
     return section
+
+
+def model_ranked(levers: list, phase: str | None = None) -> list:
+    """The levers the model predicts to make the start fit (``predicted.model.fits``) first, the others after them in
+    their order; a lever that needs other hardware (a larger GPU, more GPUs) is never moved up. The planner's own
+    rule (plan.propose_levers: those predicted to make the start fit first): a real walk (S0 of
+    incidents/h200-retest-2026-12-02-dawn/) ran the lever whose own check passed while the model said the start
+    would then fail, and the co-tenant's memory, whose freeing the model said starts, came second. A failure while
+    serving is past every step the model predicts (each lever "fits" the start): its order stays."""
+    from oomdoctor.levers.hardware import PARALLEL
+
+    if phase == "runtime":
+        return levers
+
+    def promoted(lv: dict) -> bool:
+        hardware = lv["id"] == "larger_gpu" or bool(lv.get("needs_hardware")) \
+            or bool(set(lv.get("change") or {}) & set(PARALLEL))
+        return not hardware and (lv.get("predicted") or {}).get("model", {}).get("fits") is True
+
+    out = [lv for lv in levers if promoted(lv)] + [lv for lv in levers if not promoted(lv)]
+    for n, lv in enumerate(out, 1):
+        lv["rank"] = n
+    return out
 
 
 def _chains(card: CardDict) -> None:
