@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import io
 import os
+import signal
 import sys
 
 import click
@@ -109,12 +110,28 @@ def _one_line(msg: object) -> str:
     return redact_text("".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(msg)))
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the process is: what it holds is let go on the way out (the stdin spool's folder, a
+    lock), as on Ctrl-C; a retest's own handler ends its engine and ballast groups first (retest/procs.py)."""
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     from oomdoctor.errors import OomdoctorError
 
     before = _stdout_id()
     try:
+        signal.signal(signal.SIGTERM, _on_term)
+    except ValueError:          # not the main thread (an embedding caller): its own handling stays
+        pass
+    try:
         rc = cli.main(args=argv, prog_name="oomdoctor", standalone_mode=False)
+    except _Terminated:
+        click.echo("oomdoctor: terminated", err=True)
+        sys.exit(143)
     except SystemExit as e:
         if e.code == 1 and _pipe_broke(before):
             _reader_left()

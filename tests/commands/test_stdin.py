@@ -160,3 +160,27 @@ def test_compare_refuses_stdin_twice(cli, monkeypatch):
     _stdin(monkeypatch, b"")
     r = cli("compare", "-", "/dev/stdin")
     assert r.rc == 2 and r.err_lines == ["oomdoctor: error: only one of PROVEN and FAILING can be read from stdin (-)"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_spooling_stdin_leaves_no_spool(tmp_path):
+    # `yes "INFO hello" | timeout 5 oomdoctor diagnose -` had left /tmp/oomdoctor-stdin-* (861 MB): SIGTERM ended
+    # Python without the temporary folder's cleanup
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "oomdoctor", "diagnose", "-", "--no-card", "--no-device"],
+                         stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    assert p.stdin is not None
+    t0 = time.monotonic()
+    while not list(tmp_path.glob("oomdoctor-stdin-*")) and time.monotonic() - t0 < 30:
+        p.stdin.write(b"INFO hello\n" * 1000)
+        p.stdin.flush()
+    assert list(tmp_path.glob("oomdoctor-stdin-*")), "the spool never appeared"
+    p.send_signal(signal.SIGTERM)
+    p.stdin.close()
+    assert p.wait(timeout=30) == 143
+    assert p.stderr is not None and p.stderr.read().decode().strip() == "oomdoctor: terminated"
+    assert not list(tmp_path.glob("oomdoctor-stdin-*"))
