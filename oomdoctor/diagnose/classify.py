@@ -29,7 +29,7 @@ from oomdoctor.diagnose.match import Match, Matched, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
 from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
-from oomdoctor.diagnose.scan import PARALLEL_MIN_COMPRESSED, _grep_for, scan_blocks
+from oomdoctor.diagnose.scan import GREP_OUT_OF_MEMORY, PARALLEL_MIN_COMPRESSED, _grep_for, scan_blocks
 
 __all__ = ["Diagnosis", "FRAME_WINDOW", "Verdict", "class_of", "classify_root", "diagnose_file", "diagnose_lines",
            "select_root"]
@@ -330,6 +330,19 @@ def diagnose_file(path: str | Path, ruleset: RuleSet, engine: str | None = None,
 
 def _diagnose_path(path: Path, ruleset: RuleSet, engine: str | None, engine_version: str | None,
                    metrics_text: str | None, scanner: str, progress: Any, info: SourceInfo) -> Diagnosis:
+    fresh = SourceInfo(info.path, undone=list(info.undone), read_as=info.read_as)
+    try:
+        return _scan_and_diagnose(path, ruleset, engine, engine_version, metrics_text, scanner, progress, info)
+    except BadInput as e:
+        # grep holds a whole line in memory and stops at its bound (scan.GREP_MAX_BYTES): the Python scanner,
+        # whose memory does not grow with a line, reads the log again from the start
+        if scanner != "auto" or GREP_OUT_OF_MEMORY not in str(e):
+            raise
+    return _scan_and_diagnose(path, ruleset, engine, engine_version, metrics_text, "python", progress, fresh)
+
+
+def _scan_and_diagnose(path: Path, ruleset: RuleSet, engine: str | None, engine_version: str | None,
+                       metrics_text: str | None, scanner: str, progress: Any, info: SourceInfo) -> Diagnosis:
     anchors = anchors_of(ruleset.rules, ruleset.engines.values())
     if scanner != "python" and _maybe_parallel(path):
         from oomdoctor.diagnose import parallel            # imported only for a large log (start-up of small ones)

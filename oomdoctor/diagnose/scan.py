@@ -91,6 +91,24 @@ def grep_command(grep: str, pattern_file: str) -> list[str]:
     return [grep, "-a", "-n", "-E", "-f", pattern_file]
 
 
+#: the address space grep may take (OOMDOCTOR_GREP_MAX_BYTES overrides). GNU grep holds a whole line in memory (a
+#: 300 MB line without a newline took 590 MB); past this bound it stops with "memory exhausted" and the log is read
+#: again by the Python scanner, whose memory does not grow with a line (diagnose.classify)
+GREP_MAX_BYTES = 256 << 20
+GREP_OUT_OF_MEMORY = "memory exhausted"          # gnulib's xalloc_die, in the C locale grep runs in
+
+
+def grep_limit() -> None:
+    """preexec_fn of a grep process: its address space bounded (GREP_MAX_BYTES)."""
+    import resource
+
+    cap = int(os.environ.get("OOMDOCTOR_GREP_MAX_BYTES") or GREP_MAX_BYTES)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
 def grep_failure(returncode: int | None, stderr: IO[bytes] | None) -> str | None:
     """Why grep failed (its exit status is neither 0, lines found, nor 1, none found), or None."""
     if returncode in (0, 1):
@@ -140,11 +158,12 @@ def _start_grep(path: Path, anchors: list[bytes], gz: Callable | bool, grep: str
     pattern_file = write_pattern(grep_anchors)
     cmd = grep_command(grep, pattern_file)
     if gz:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=grep_limit)
         worker = threading.Thread(target=feeder, args=(path, proc.stdin, side), daemon=True)
     else:
         proc = subprocess.Popen(cmd + ["--", str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env)
+                                stderr=subprocess.PIPE, env=env, preexec_fn=grep_limit)
         worker = threading.Thread(target=_read_plain, args=(path, side), daemon=True)
     return proc, worker, pattern_file
 

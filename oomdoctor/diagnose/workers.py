@@ -21,7 +21,7 @@ from typing import Any
 
 from oomdoctor.diagnose.match import LineMatcher, Match, _record_number
 from oomdoctor.diagnose.rules import EngineSpec, Rule
-from oomdoctor.diagnose.scan import LazyAnchors, _grep_blocks, _last_line, grep_failure
+from oomdoctor.diagnose.scan import LazyAnchors, _grep_blocks, _last_line, grep_failure, grep_limit
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.errors import BadInput
 
@@ -162,7 +162,8 @@ def _worker(data_fd: int, result_fd: int, path: Path, cmd: list[str], env: dict,
         runtime = RuntimeTracker()
         hits: dict[str, dict] = {}
         lm = LineMatcher(rules, engines, runtime, hits)
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=grep_limit)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
             fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIECE)

@@ -280,3 +280,26 @@ def test_prefilter_does_not_select_access_lines():
     access = [ln for ln in lines if b' HTTP/1.1" ' in ln]
     assert len(access) > 60
     assert [ln for ln in access if any(a in ln for a in ANCHORS)] == []
+
+
+def test_grep_s_memory_is_bounded_and_a_line_past_it_is_read_in_python(tmp_path, monkeypatch):
+    # GNU grep holds a whole line in memory (a 300 MB line without a newline took 590 MB): grep's address space is
+    # bounded, and past the bound ("memory exhausted") the Python scanner reads the log again
+    import shutil
+
+    from oomdoctor.diagnose.classify import diagnose_file
+    from oomdoctor.diagnose.rules import default_rules
+    from oomdoctor.errors import BadInput
+
+    if shutil.which("grep") is None:
+        pytest.skip("no grep on PATH")
+    real = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "vllm-0.25.1-h200" / "A_fail.log"
+    p = tmp_path / "one_long_line.log"
+    p.write_bytes(b"x" * (64 << 20) + b"\n" + real.read_bytes())
+    monkeypatch.setenv("OOMDOCTOR_GREP_MAX_BYTES", str(48 << 20))
+    rules = default_rules()
+    with pytest.raises(BadInput, match="memory exhausted"):
+        diagnose_file(p, rules, scanner="grep")
+    d = diagnose_file(p, rules)
+    assert (d.klass, d.root.n if d.root else None) == ("kv_capacity", diagnose_file(real, rules).root.n + 1)
+    assert d.source.lines == real.read_bytes().count(b"\n") + 1
