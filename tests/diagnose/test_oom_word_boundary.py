@@ -28,3 +28,13 @@ def test_a_longer_word_is_not(tmp_path: Path, text: str):
     p = tmp_path / "paste.log"
     p.write_text(text + "\n", encoding="utf-8")
     assert not diagnose_file(p, RULES).is_memory_failure
+
+
+def test_an_indented_exception_line_is_a_failure_that_is_not_memory(tmp_path: Path):
+    # a stack dump that prints its frames and the exception indented (held-out set 17: SGLang's EAGLE worker,
+    # "  spec_utils.py:713 detect_nan" then "  ValueError: Detected errors during sampling! NaN in the logits.")
+    p = tmp_path / "paste.log"
+    p.write_text("  eagle_worker_v2.py:765 verify\n  spec_utils.py:713 detect_nan\n"
+                 "  ValueError: Detected errors during sampling! NaN in the logits.\n", encoding="utf-8")
+    d = diagnose_file(p, RULES)
+    assert d.klass == "not_memory" and not d.is_memory_failure
