@@ -105,6 +105,10 @@ def paste_lines(texts: list[str], width: int, indent: str) -> list[str]:
 
 def _change_title(card: dict, lever: dict) -> str:
     """``Change ONE thing: max_model_len 4,000,000 → 1,998,848`` (the old value when the card knows it)."""
+    if lever["id"] == "free_other_processes":
+        pids = [str(p) for p in (lever.get("change") or {}).get("stop_pids") or []]
+        return ("Change ONE thing: stop " + (f"process {', '.join(pids)}, which holds" if pids else "what holds")
+                + " the GPU's memory")
     wl = card.get("workload") or {}
     known = {**(wl.get("resolved") or {}), **(wl.get("engine_args") or {})}
     parts = []
@@ -159,7 +163,10 @@ def _why(lever: dict, width: int) -> list[str]:
 def _change(card: dict, lever: dict, width: int) -> list[str]:
     lines = wrap(_change_title(card, lever), width, indent="  ", first="", max_lines=2)
     lines += paste_lines(launcher_text(card, lever), width, "  ")
-    pred = (lever.get("predicted") or {}).get("outcome")
+    predicted = lever.get("predicted") or {}
+    pred = predicted.get("outcome")
+    if pred in (None, "unknown") and (predicted.get("model") or {}).get("fits") is True:
+        pred = "fits (the memory model)"        # diagnose --model: the model ran the start with this change
     tail = (f"Predicted: {pred}. " if pred else "") + f"Cost: {lever.get('cost') or '?'}"
     if lever.get("explicit_override"):
         tail = "Overrides a value you set. " + tail

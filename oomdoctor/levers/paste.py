@@ -34,6 +34,8 @@ def paste_text(engine: str, launcher: str | None, model: str | None, lever: dict
     """The lines to paste for ``lever`` (its recorded ``flag`` when the lever engine wrote one); for a change that is
     not a setting of the engine (``free_other_processes``, ``larger_gpu``) the change itself, ``key = value``."""
     change = lever.get("change") or {}
+    if lever.get("id") == "free_other_processes":
+        return process_text(change.get("stop_pids") or [])
     if not change:                                  # larger_gpu: nothing to paste
         return []
     words = [flag_for(engine, k, v, launcher) for k, v in change.items()]
@@ -51,3 +53,14 @@ def paste_text(engine: str, launcher: str | None, model: str | None, lever: dict
         joined = ", ".join(args) if style == "offline" else " ".join(args)
         out.append(template.format(model=model or "MODEL", flags=joined) if template else joined)
     return out
+
+
+#: what an operator runs to see which processes hold a GPU's memory (nvidia-smi's compute-apps query)
+HOLDERS_QUERY = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+
+
+def process_text(pids: list[Any]) -> list[str]:
+    """Freeing the GPU: the query that shows what holds its memory, and the processes the log names, to stop (a
+    process is stopped by its owner: nothing here is run by oomdoctor)."""
+    named = [str(int(p)) for p in pids if isinstance(p, int) or (isinstance(p, str) and p.isdigit())]
+    return [HOLDERS_QUERY] + ([f"kill {' '.join(named)}     # what the log names as holding the memory"] if named else [])

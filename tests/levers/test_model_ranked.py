@@ -43,3 +43,14 @@ def test_a_runtime_failure_keeps_its_order(tmp_path):
     # every lever of a serving OOM "fits" the start, which says nothing of the serving peak
     lv = _levers(tmp_path, "vllm-0.25.1-h200-dawn/S2_serve_runtime_default.log")
     assert lv[0]["id"] == "expandable_segments" and lv[1]["predicted"]["model"]["fits"] is True
+
+
+def test_the_first_screen_says_how_to_free_the_gpu_and_what_the_model_predicts(tmp_path):
+    from oomdoctor.diagnose.screen import first_screen
+
+    card, _, _ = diagnose_log(LOGS / "vllm-0.25.1-h200-dawn" / "S0_serve_free_memory.log", tmp_path / "c.yaml",
+                              no_device=True, model_dir=MODEL)
+    lines = first_screen(card, "c.yaml")
+    assert "Change ONE thing: stop what holds the GPU's memory" in lines
+    assert "  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv" in lines
+    assert any(ln.startswith("  Predicted: fits (the memory model).") for ln in lines)

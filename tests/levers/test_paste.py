@@ -16,7 +16,12 @@ def test_vllm_serve_offline_env_and_bool():
 
 def test_a_change_that_is_not_an_engine_setting_is_shown_as_it_is():
     lv = {"id": "free_other_processes", "change": {"stop_pids": [2115]}}
-    assert paste_text("vllm", "vllm-llm", "m", lv) == ["stop_pids = 2115"]
+    query = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+    assert paste_text("vllm", "vllm-llm", "m", lv) == [query, "kill 2115     # what the log names as holding the memory"]
+    assert paste_text("sglang", None, None, {"id": "free_other_processes", "change": {"stop_pids": []}}) == [query]
+    # a forged pid is not pasted as a command
+    assert paste_text("vllm", None, None, {"id": "free_other_processes", "change": {"stop_pids": ["1; rm -rf /"]}}) \
+        == [query]
     assert paste_text("nosuchengine", None, None, {"id": "max_model_len", "change": {"max_model_len": 8}}) == \
         ["max_model_len = 8"]
     assert paste_text("vllm", "vllm-serve", "m", {"id": "larger_gpu", "change": {}}) == []
