@@ -31,8 +31,37 @@ def gen_kv_capacity(c: Ctx) -> list[Lever]:
             out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(2048, int(mnbt) // 4)},
                              {"outcome": "unknown"}, "longer prefills are chunked more finely (lower prefill throughput)",
                              "the activation peak grows with max_num_batched_tokens", score=50))
+        out += no_room_levers(c, out)
     need = c.n.get("kv_needed_bytes")
     out.append(larger_gpu(c, int(need + (c.n.get("weights_bytes") or 0)) if need else None))
+    return out
+
+
+def no_room_levers(c: Ctx, have: list[Lever]) -> list[Lever]:
+    """No room at all for the cache, and no KV figures to size a window by ("No available memory for the cache
+    blocks", nine field-guide pastes): what is taken before the cache, and vLLM's own advice. The CUDA graphs'
+    estimate, when the log gives it, is reserved before the cache; else more of the GPU, then smaller prefills."""
+    out: list[Lever] = []
+    graphs = c.n.get("cuda_graph_estimate_bytes")
+    if graphs and graphs >= 1 << 30 and not c.setting("enforce_eager"):
+        out.append(lever("enforce_eager", {"enforce_eager": True}, {"outcome": "unknown"},
+                         "no CUDA graphs: slower decoding", "vLLM estimated the CUDA graphs at "
+                         f"{_h(graphs)}, reserved before the KV cache", score=5,
+                         arithmetic=[f"estimated CUDA graph memory {_h(graphs)} (the log) leaves no cache blocks"]))
+    if not any(lv["id"] == "gpu_memory_utilization" for lv in have) and c.util < 0.95:
+        new = round(min(0.95, c.util + 0.05), 2)
+        out.append(lever("gpu_memory_utilization", {"gpu_memory_utilization": new}, {"outcome": "unknown"},
+                         "the engine takes more of the GPU: only where that memory is free (the start-up check says so)",
+                         "vLLM's own advice: the memory left for the cache at this utilization is none", score=30,
+                         explicit_override="gpu_memory_utilization" in c.explicit,
+                         arithmetic=[f"gpu_memory_utilization {c.util} → {new}: {new - c.util:.2f} of the GPU more "
+                                     "for the cache"]))
+    if not any(lv["id"] == "max_num_batched_tokens" for lv in have) and c.setting("max_num_batched_tokens") is None:
+        budget = largest_default_batched_tokens()
+        out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(2048, budget // 4)},
+                         {"outcome": "unknown"}, "longer prefills are chunked more finely (lower prefill throughput)",
+                         "the profiling peak, taken before the cache, grows with the token budget (the log does not "
+                         f"give it; vLLM's largest default is {budget:,})", score=50))
     return out
 
 
