@@ -19,9 +19,9 @@ from oomdoctor import contract, safeyaml
 from oomdoctor.errors import RuleError
 from oomdoctor.diagnose.regexcheck import catastrophic
 from oomdoctor.paths import ENGINES_DIR
-from oomdoctor.diagnose.rulespec import (EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _after, _check_spec,
-                                         _confidence, _likely, _likely_when, anchors_of, derive_anchor, parse_version,
-                                         version_in)
+from oomdoctor.diagnose.rulespec import (MATCH_CHARS, EngineSpec, NumberSpec, Pattern, Rule, RuleSet, _after,
+                                         _check_spec, _confidence, _likely, _likely_when, anchors_of, derive_anchor,
+                                         parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
 
 ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "ignored")
@@ -130,7 +130,10 @@ def _patterns(pats: list, where: str) -> list[Pattern]:
             raise RuleError(f"{pw}: no literal of 4+ characters in the regex; give an 'anchor' the matched lines contain")
         if not anchor.isascii():
             raise RuleError(f"{pw}: the anchor must be ASCII")
-        patterns.append(Pattern(rx, anchor))
+        window = p.get("window", "head")
+        if window not in ("head", "tail"):
+            raise RuleError(f"{pw}: window must be 'head' (the line's first {MATCH_CHARS} characters) or 'tail'")
+        patterns.append(Pattern(rx, anchor, tail=window == "tail"))
     return patterns
 
 

@@ -17,7 +17,8 @@ except ImportError:  # pragma: no cover
     import sre_parse  # type: ignore[no-redef]
 
 
-# A rule's regexes see at most the first MATCH_CHARS characters of a line (the message and the whole line alike):
+# A rule's regexes see at most the first MATCH_CHARS characters of a line (the message and the whole line alike; a
+# pattern with ``window: tail``, the last ones):
 # what an engine prints for one event fits in it, and no line, however long, costs a pattern more than this
 MATCH_CHARS = 8 << 10
 
@@ -259,6 +260,7 @@ class Pattern:
     patterns whose anchor is in one of its lines (rules from outside the package are compiled, and checked, at load)."""
     source: str
     anchor: str
+    tail: bool = False          # ``window: tail``: searched in a line's last MATCH_CHARS characters, not its first
 
     @cached_property
     def regex(self) -> re.Pattern[str]:
@@ -303,7 +305,9 @@ class Rule:
     def match(self, line: LogLine) -> re.Match[str] | None:
         for p in self.patterns:
             if p.anchor in line.text:
-                msg, text = line.msg[:MATCH_CHARS], line.text[:MATCH_CHARS]
+                # a dataclass repr's last fields (vLLM's scheduler dump: total_num_scheduled_tokens) are read from the end
+                msg, text = ((line.msg[-MATCH_CHARS:], line.text[-MATCH_CHARS:]) if p.tail
+                             else (line.msg[:MATCH_CHARS], line.text[:MATCH_CHARS]))
                 m = p.regex.search(msg) or (p.regex.search(text) if line.msg is not line.text else None)
                 if m:
                     return m

@@ -199,9 +199,20 @@ def gen_runtime_oom(c: Ctx) -> list[Lever]:
         shape.append(f"the engine died running a request of {c.n['oom_request_prompt_tokens']:,} prompt tokens"
                      + (f" among {c.n['oom_running_requests']} running, {c.n.get('oom_waiting_requests', 0)} waiting"
                         if c.n.get("oom_running_requests") is not None else ""))
-    halved = batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10,
-                          shape + [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens; half of it "
-                                   "halves the activation peak of the largest prefill step"])
+    known = "" if c.setting("max_num_batched_tokens") is not None else " (vLLM's usual default: the log does not say)"
+    step = int(c.n.get("oom_step_scheduled_tokens") or 0)
+    target = min(mnbt // 2, max(2048, step // 2 // 2048 * 2048)) if step >= 4096 else None
+    if target is not None and target < mnbt // 2:
+        # the failing step was smaller than the budget: halving the budget would build the same step again (a real
+        # served walk: the dump's 30,001 tokens, budget 65,536 → 32,768 failed, 16,384 passed)
+        sizing = [f"the failing step scheduled {step:,} tokens (vLLM's dump), under the budget of {mnbt:,}{known}: a "
+                  f"budget of {target:,} (half of that step, in steps of 2,048) halves its activation peak"]
+    else:
+        sizing = [f"a step processes at most max_num_batched_tokens = {mnbt:,} tokens{known}; half of it halves the "
+                  "activation peak of the largest prefill step"]
+    halved = batch_halved(c, "smaller prefill chunks", "the largest batch's activations ran out", 10, shape + sizing)
+    if target is not None:
+        halved["change"] = {"max_num_batched_tokens": target}
     top_default = largest_default_batched_tokens()
     if "max_num_batched_tokens" in c.explicit and mnbt > top_default:
         # the user raised the step's token budget beyond anything vLLM picks by itself: the first suspect

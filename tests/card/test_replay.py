@@ -58,8 +58,25 @@ def test_forged_figures_are_bounded(tmp_path):
 def test_an_explicit_token_budget_above_any_default_is_the_runtime_oom_s_first_suspect(tmp_path):
     card = _card(tmp_path, LOGS / "vllm-0.25.1-h200-night" / "R1g_runtime.log")       # max_num_batched_tokens=65536
     lv = card["levers"][0]
-    assert (lv["id"], lv["change"]) == ("max_num_batched_tokens", {"max_num_batched_tokens": 32768})
+    # the failing step held 36,000 tokens (the dump's total_num_scheduled_tokens): half of the budget, 32,768, builds
+    # nearly the same step (it failed on the device, incidents/h200-retest-2026-12-02/replay/), half of the step does
+    assert (lv["id"], lv["change"]) == ("max_num_batched_tokens", {"max_num_batched_tokens": 16384})
     assert "above vLLM's largest default" in lv["arithmetic"][0]
+    assert any("failing step scheduled 36,000 tokens" in a for a in lv["arithmetic"])
     card = _card(tmp_path, LOGS / "vllm-0.25.1-h200-night" / "R1e_runtime.log")       # the default 16384
     lv = card["levers"][0]
     assert lv["id"] == "max_num_batched_tokens" and not any("largest default" in a for a in lv.get("arithmetic", []))
+
+
+def test_a_served_runtime_oom_is_sized_below_the_step_that_failed(tmp_path):
+    # S1: budget 65,536, the step 30,001 tokens; on the device 32,768 failed and 16,384 passed
+    # (incidents/h200-retest-2026-12-02-dawn/second-lease/)
+    lv = _card(tmp_path, LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log")["levers"][0]
+    assert (lv["id"], lv["change"]) == ("max_num_batched_tokens", {"max_num_batched_tokens": 14336})
+    assert lv["flag"] == "--max-num-batched-tokens 14336"
+    # a budget the log does not give is said to be the default, not the log's
+    paste = tmp_path / "tb.log"
+    lines = (LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log").read_text(encoding="utf-8").splitlines()
+    paste.write_text("\n".join(lines[94:185]) + "\n", encoding="utf-8")
+    lv = next(x for x in _card(tmp_path, paste)["levers"] if x["id"] == "max_num_batched_tokens")
+    assert any("the log does not say" in a for a in lv["arithmetic"])
