@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(e.ctx.get_help())
             sys.exit(0)
         where = e.ctx.command_path if e.ctx is not None else "oomdoctor"
-        click.echo(f"oomdoctor: error: {where}: {_one_line(e.format_message().rstrip('.'))} (see {where} --help)", err=True)
+        said = "" if where == "oomdoctor" else f"{where}: "          # not "oomdoctor: error: oomdoctor: ..."
+        click.echo(f"oomdoctor: error: {said}{_one_line(e.format_message().rstrip('.'))} (see {where} --help)", err=True)
         sys.exit(2)
     except click.ClickException as e:
         click.echo(f"oomdoctor: error: {_one_line(e.format_message())}", err=True)

@@ -242,9 +242,19 @@ def load_dict(path: str | os.PathLike) -> CardDict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         why = f": {e.problem}" if isinstance(e, safeyaml.YAMLLimit) else ""
-        raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}{why}")
+        raise CardError(f"{p}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}{why}{_log_hint(p, text)}")
+    if not (isinstance(d, dict) and "schema" in d):
+        raise CardError(f"{p}: not an incident card{_log_hint(p, text) or ' (a YAML mapping with schema: is expected)'}")
     check(d, str(p))
     return cast(CardDict, d)
+
+
+def _log_hint(p: Path, text: str) -> str:
+    """When the file given as a card is an engine's log (a user passing the log to retest): what to run first."""
+    head = text[:4096]
+    if "schema:" in head or not any(w in head for w in ("INFO", "ERROR", "WARNING", "Traceback", "llama_", "] ")):
+        return ""
+    return f"; it reads as a log: run `oomdoctor diagnose {p}` first, then retest the card it writes"
 
 
 def refuse_special_read(p: Path) -> None:

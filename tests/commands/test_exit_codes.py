@@ -166,3 +166,16 @@ def test_an_error_line_is_redacted_like_every_output(cli) -> None:
         parse_env_file("HF_TOKEN hf_abcdefghijklmnopqrstuvwxyz12\n", "serve.env")
     assert "hf_abcdefghijklmnopqrstuvwxyz12" not in climod._one_line(e.value)
     assert "12,345 bytes" in climod._one_line("12,345 bytes; api_key=sk1 line 7")         # numbers stay
+
+
+def test_a_log_given_to_retest_says_to_diagnose_it_first_and_usage_errors_say_oomdoctor_once():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    log = "fixtures/logs/vllm-0.25.1-h200/A_fail.log"
+    r = subprocess.run([sys.executable, "-m", "oomdoctor", "retest", "--dry-run", log], cwd=root,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and f"run `oomdoctor diagnose {log}` first" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "oomdoctor", "fakecmd"], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("oomdoctor: error: No such command 'fakecmd'")
