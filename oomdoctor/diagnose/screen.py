@@ -170,7 +170,10 @@ def _change(card: dict, lever: dict, width: int) -> list[str]:
     tail = (f"Predicted: {pred}. " if pred else "") + f"Cost: {lever.get('cost') or '?'}"
     if lever.get("explicit_override"):
         tail = "Overrides a value you set. " + tail
-    return lines + wrap(tail, width, indent="  ", first="  ", max_lines=CAPS["cost"])
+    lines += wrap(tail, width, indent="  ", first="  ", max_lines=CAPS["cost"])
+    if predicted.get("warning"):       # what the prediction leaves out (C2: a budget that cannot hold the weights)
+        lines += wrap(f"But: {predicted['warning']}", width, indent="  ", first="  ", max_lines=CAPS["cost"])
+    return lines
 
 
 def first_screen(card: dict, card_path: str | None, width: int = WIDTH) -> list[str]:

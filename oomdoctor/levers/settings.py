@@ -88,8 +88,11 @@ def window_levers(c: Ctx) -> list[Lever]:
         return out
     bpt = need / mml
     fit = int(avail * (1 - WINDOW_MARGIN) / bpt)
-    if n.get("estimated_max_model_len"):
-        fit = min(fit, int(n["estimated_max_model_len"]))
+    est = int(n.get("estimated_max_model_len") or 0)
+    est_note = ((f" (capped at vLLM's estimate {est:,})" if est < fit else f" (within vLLM's estimate {est:,})")
+                if est else "")
+    if est:
+        fit = min(fit, est)
     step = 1024 if fit >= 8192 else 16
     new = _align_down(fit, step)
     if new > 0 and new < mml:
@@ -102,8 +105,8 @@ def window_levers(c: Ctx) -> list[Lever]:
             "KV bytes per token = needed / max_model_len from the engine's error; available from the same line",
             explicit_override="max_model_len" in c.explicit,
             arithmetic=[f"KV per token = {_h(need)} / {mml:,} = {bpt:,.0f} B",
-                        f"tokens that fit = {_h(avail)} x (1 - {WINDOW_MARGIN}) / {bpt:,.0f} B = {fit:,}"
-                        + (f" (capped at vLLM's estimate {n['estimated_max_model_len']:,})" if n.get("estimated_max_model_len") else ""),
+                        f"tokens that fit = {_h(avail)} x (1 - {WINDOW_MARGIN}) / {bpt:,.0f} B = "
+                        f"{int(avail * (1 - WINDOW_MARGIN) / bpt):,}{est_note}",
                         f"aligned down to a multiple of {step}: {new:,}"],
             score=10 if "max_model_len" not in c.explicit else 40))
     dtype = str(c.setting("kv_cache_dtype", "auto"))

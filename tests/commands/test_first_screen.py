@@ -198,8 +198,16 @@ def test_the_worst_case_gives_up_arithmetic_and_evidence_never_the_change() -> N
     assert len(lines) == HEIGHT, "\n".join(lines)
     why = lines.index("Why:")
     assert lines[why + 1:why + 4] == ["  · KV per token = 244.14 GiB / 4,000,000 = 65,536 B",
-                                      "  · tokens that fit = 124.52 GiB x (1 - 0.02) / 65,536 B = 1,999,338 (capped at",
+                                      "  · tokens that fit = 124.52 GiB x (1 - 0.02) / 65,536 B = 1,999,338 (within",
                                       "  … (the rest: --verbose)"]         # _fit took one more line of arithmetic
     i = lines.index("Change ONE thing: max_model_len 4,000,000 → 1,998,848")
     assert lines[i + 1].endswith(" ... \\") and lines[i + 2] == "    --max-model-len 1998848"
     assert lines[-3:-1] == ["Next: oomdoctor retest \\", "  /var/lib/oomdoctor/incidents/" + "x" * 60 + ".yaml"]
+
+
+def test_what_a_prediction_leaves_out_is_on_the_first_screen() -> None:
+    # C2: freeing the co-tenant "fits" the weights' load, but the explicit utilization of 0.005 cannot hold them
+    lines = first_screen(_card(LOGS / "vllm-0.25.1-h200" / "C2_fail.log"), None, WIDTH)
+    text = " ".join(lines)
+    assert "But: your explicit gpu_memory_utilization=0.005 gives a budget of 715.78 MiB" in text
+    assert len(lines) <= HEIGHT and max(len(ln) for ln in lines) <= WIDTH
