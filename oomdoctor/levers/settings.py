@@ -138,6 +138,7 @@ def window_levers(c: Ctx) -> list[Lever]:
     grow = pinned_to_fit(c, need)
     if grow:
         out.append(grow)
+    arena_warning(c, out)
     tp = int(c.setting("tensor_parallel_size", 1) or 1)
     out.append(lever(
         "tensor_parallel_size", {"tensor_parallel_size": tp * 2},
@@ -145,6 +146,25 @@ def window_levers(c: Ctx) -> list[Lever]:
         f"{tp * 2} GPUs instead of {tp}; KV heads are split across them (needs at least {tp * 2} KV heads)",
         "KV per token per GPU halves with twice the ranks", applies_as="flag", score=80))
     return out
+
+
+def arena_warning(c: Ctx, levers: list[Lever]) -> None:
+    """A pinned KV arena that the free memory cannot hold beside the weights and the reserve: a lever that keeps it
+    (a shorter window, an fp8 cache) passes the capacity check and then fails allocating it (a real H200 walk, R1a:
+    fp8 → kv_allocation_oom); the prediction says so."""
+    pinned, free, weights = c.pinned, c.n.get("initial_free_bytes") or c.free, c.n.get("weights_bytes")
+    if not (pinned and free and weights):
+        return
+    room = int(free - weights - ACTIVATION_GRAPH_RESERVE)
+    if pinned <= room:
+        return
+    for lv in levers:
+        if lv["id"] in ("max_model_len", "kv_cache_dtype") and lv["predicted"].get("outcome") == "fits":
+            lv["predicted"]["warning"] = (f"the pinned KV arena ({_h(pinned)}) is still allocated whole: free "
+                                          f"{_h(free)} - weights {_h(weights)} - {_h(ACTIVATION_GRAPH_RESERVE)} "
+                                          f"reserve leaves {_h(max(room, 0))}, so allocating it runs out next "
+                                          f"(kv_cache_memory_bytes must shrink too)")
+            lv["predicted"]["then"] = "kv_allocation_oom"
 
 
 def pinned_to_fit(c: Ctx, need: float) -> Lever | None:

@@ -25,3 +25,19 @@ def test_an_unpinned_capacity_failure_gets_no_pinned_lever(tmp_path):
     card, _, _ = diagnose_log(LOGS / "vllm-0.25.1-h200" / "A_fail.log", tmp_path / "a.yaml", no_device=True)
     assert card["classification"]["class"] == "kv_capacity"
     assert "kv_cache_memory_bytes" not in [lv["id"] for lv in card["levers"]]
+
+
+def test_a_lever_that_keeps_an_arena_the_free_memory_cannot_hold_says_what_comes_next(tmp_path):
+    # R1a: the arena (1.86 GiB) beside the weights (1.66 GiB) and the reserve does not fit in 3.79 GiB free; on the
+    # device fp8 passed the capacity check and ran out allocating the arena (incidents/h200-retest-2026-12-02-dawn/)
+    from oomdoctor.card.incident import diagnose_log
+
+    logs = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+    card, _, _ = diagnose_log(logs / "vllm-0.25.1-h200-night" / "R1a_kv_pinned.log", tmp_path / "a.yaml", no_device=True)
+    kept = [lv for lv in card["levers"] if lv["id"] in ("kv_cache_dtype", "max_model_len")]
+    assert kept and all(lv["predicted"].get("then") == "kv_allocation_oom" for lv in kept)
+    assert "leaves 1.13 GiB" in kept[0]["predicted"]["warning"]
+    # a pinned arena the free memory holds (S3: no co-tenant) gets no such warning
+    card, _, _ = diagnose_log(logs / "vllm-0.25.1-h200-dawn" / "S3_serve_kv_pinned.log", tmp_path / "b.yaml",
+                              no_device=True)
+    assert not any("warning" in lv["predicted"] for lv in card["levers"])
