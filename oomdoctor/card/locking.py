@@ -31,15 +31,20 @@ def _held() -> dict[tuple[int, int], int]:
     return _HELD.d
 
 
-def refuse_special(path: Path, what: str = "file") -> None:
-    """CardError when ``path`` exists and is not a regular file (symlink, FIFO, device node, socket, folder)."""
+def _lstat(path: Path) -> os.stat_result | None:
+    """``path``'s own status (a symlink's, not its target's); None when it does not exist."""
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except FileNotFoundError:
-        return
+        return None
     except OSError as e:
         raise CardError(f"{path}: cannot be examined ({e.strerror or e})")
-    if stat.S_ISREG(st.st_mode):
+
+
+def refuse_special(path: Path, what: str = "file") -> None:
+    """CardError when ``path`` exists and is not a regular file (symlink, FIFO, device node, socket, folder)."""
+    st = _lstat(path)
+    if st is None or stat.S_ISREG(st.st_mode):
         return
     kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
             "a device node" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
@@ -50,13 +55,8 @@ def refuse_special(path: Path, what: str = "file") -> None:
 def refuse_linked_dir(path: Path, what: str = "runs folder") -> None:
     """CardError when ``path`` exists and is not a real folder: a symlink (to a folder too) would take the run's
     logs and run file wherever it points, away from the card they belong to."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise CardError(f"{path}: cannot be examined ({e.strerror or e})")
-    if not stat.S_ISDIR(st.st_mode):
+    st = _lstat(path)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
         raise CardError(f"{path}: is {kind}, not a folder; the {what} is not written there")
 
