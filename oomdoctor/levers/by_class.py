@@ -26,12 +26,10 @@ def gen_kv_capacity(c: Ctx) -> list[Lever]:
                 u["_score"] = 5
             u["predicted"]["outcome"] = "fits" if u.get("cause") else u["predicted"]["outcome"]
             out.append(u)
-        mnbt = c.setting("max_num_batched_tokens")
-        if mnbt and int(mnbt) > 2048:
-            out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(2048, int(mnbt) // 4)},
-                             {"outcome": "unknown"}, "longer prefills are chunked more finely (lower prefill throughput)",
-                             "the activation peak grows with max_num_batched_tokens", score=50))
         out += no_room_levers(c, out)
+        smaller = smaller_prefills(c)
+        if smaller:
+            out.append(smaller)
     need = c.n.get("kv_needed_bytes")
     out.append(larger_gpu(c, int(need + (c.n.get("weights_bytes") or 0)) if need else None))
     return out
@@ -40,7 +38,8 @@ def gen_kv_capacity(c: Ctx) -> list[Lever]:
 def no_room_levers(c: Ctx, have: list[Lever]) -> list[Lever]:
     """No room at all for the cache, and no KV figures to size a window by ("No available memory for the cache
     blocks", nine field-guide pastes): what is taken before the cache, and vLLM's own advice. The CUDA graphs'
-    estimate, when the log gives it, is reserved before the cache; else more of the GPU, then smaller prefills."""
+    estimate, when the log gives it, is reserved before the cache; else more of the GPU (smaller prefills:
+    ``smaller_prefills``)."""
     out: list[Lever] = []
     graphs = c.n.get("cuda_graph_estimate_bytes")
     if graphs and graphs >= 1 << 30 and not c.setting("enforce_eager"):
@@ -56,13 +55,21 @@ def no_room_levers(c: Ctx, have: list[Lever]) -> list[Lever]:
                          explicit_override="gpu_memory_utilization" in c.explicit,
                          arithmetic=[f"gpu_memory_utilization {c.util} → {new}: {new - c.util:.2f} of the GPU more "
                                      "for the cache"]))
-    if not any(lv["id"] == "max_num_batched_tokens" for lv in have) and c.setting("max_num_batched_tokens") is None:
-        budget = largest_default_batched_tokens()
-        out.append(lever("max_num_batched_tokens", {"max_num_batched_tokens": max(2048, budget // 4)},
-                         {"outcome": "unknown"}, "longer prefills are chunked more finely (lower prefill throughput)",
-                         "the profiling peak, taken before the cache, grows with the token budget (the log does not "
-                         f"give it; vLLM's largest default is {budget:,})", score=50))
     return out
+
+
+def smaller_prefills(c: Ctx) -> Lever | None:
+    """A quarter of the token budget (at least 2,048): the profiling peak, taken before the cache, grows with it. The
+    budget is the start's, or vLLM's largest default when the log does not give it."""
+    mnbt = c.setting("max_num_batched_tokens")
+    budget = int(mnbt) if mnbt else largest_default_batched_tokens()
+    if budget <= 2048:
+        return None
+    basis = ("the activation peak grows with max_num_batched_tokens" if mnbt else
+             "the profiling peak, taken before the cache, grows with the token budget (the log does not give it; "
+             f"vLLM's largest default is {budget:,})")
+    return lever("max_num_batched_tokens", {"max_num_batched_tokens": max(2048, budget // 4)}, {"outcome": "unknown"},
+                 "longer prefills are chunked more finely (lower prefill throughput)", basis, score=50)
 
 
 def gen_free_memory(c: Ctx) -> list[Lever]:

@@ -64,8 +64,8 @@ def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -
     ctx = "llm" if (card.get("workload") or {}).get("launcher") == "vllm-llm" else "serve"
     version = (card.get("engine") or {}).get("version")
 
-    def run(settings: dict) -> dict:
-        return plan(model_dir, total, free=free, engine_version=version, usage_context=ctx, **settings)
+    def run(settings: dict, at_free: int | None = free) -> dict:
+        return plan(model_dir, total, free=at_free, engine_version=version, usage_context=ctx, **settings)
 
     recorded = run(base)
     section = {"model": model_dir, "gpu_total": total, "free_bytes": free, "settings": base, "usage_context": ctx,
@@ -74,15 +74,15 @@ def check(card: CardDict, model_dir: str, gpu_memory: str | int | None = None) -
                                                                      card["classification"]["class"]))
                                   if card["classification"]["class"]
                                   not in ("unknown", "not_memory") else recorded["fits"]}
+    from oomdoctor.levers.chain import _model_change     # the lever as model inputs, as the chain runs it
+
     for lv in card.get("levers") or []:
-        change = lv.get("change") or {}
-        freed = lv["id"] == "free_other_processes" and free is not None
-        if not freed and (not change or not set(change) <= set(PLAN_ARGS)):
+        inputs = _model_change(lv["id"], lv.get("change") or {})
+        if not inputs or ("free" in inputs and free is None):   # nothing the model can run, or nothing it would change
             continue
+        at_free = inputs.pop("free", free)                      # free_other_processes: the GPU's idle free memory
         try:
-            lv["predicted"]["model"] = _short(
-                plan(model_dir, total, free=None, engine_version=version, usage_context=ctx, **base) if freed
-                else run({**base, **change}))
+            lv["predicted"]["model"] = _short(run({**base, **inputs}, at_free))
         except BadInput as e:
             lv["predicted"]["model"] = {"error": str(e)}
     card["model_check"] = section

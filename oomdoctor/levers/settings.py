@@ -148,15 +148,19 @@ def window_levers(c: Ctx) -> list[Lever]:
     return out
 
 
+def _arena_room(c: Ctx) -> tuple[Any, Any, Any, int | None]:
+    """(pinned KV budget, free memory at start, weights, the room a pinned arena has beside the weights and the
+    reserve for activations and graphs: free - weights - reserve; None when free or weights is not known)."""
+    pinned, free, weights = c.pinned, c.n.get("initial_free_bytes") or c.free, c.n.get("weights_bytes")
+    return pinned, free, weights, (int(free - weights - ACTIVATION_GRAPH_RESERVE) if free and weights else None)
+
+
 def arena_warning(c: Ctx, levers: list[Lever]) -> None:
     """A pinned KV arena that the free memory cannot hold beside the weights and the reserve: a lever that keeps it
     (a shorter window, an fp8 cache) passes the capacity check and then fails allocating it (a real H200 walk, R1a:
     fp8 → kv_allocation_oom); the prediction says so."""
-    pinned, free, weights = c.pinned, c.n.get("initial_free_bytes") or c.free, c.n.get("weights_bytes")
-    if not (pinned and free and weights):
-        return
-    room = int(free - weights - ACTIVATION_GRAPH_RESERVE)
-    if pinned <= room:
+    pinned, free, weights, room = _arena_room(c)
+    if not pinned or room is None or pinned <= room:
         return
     for lv in levers:
         if lv["id"] in ("max_model_len", "kv_cache_dtype") and lv["predicted"].get("outcome") == "fits":
@@ -171,11 +175,10 @@ def pinned_to_fit(c: Ctx, need: float) -> Lever | None:
     """A pinned KV budget (kv_cache_memory_bytes) too small for one sequence of the window: grow it to what one
     needs, rounded up to 100 MiB — predicted to fit only when the free memory holds it beside the weights and the
     reserve for activations and graphs (a real H200 start pinned at 2.5e9 with 4.8 GiB free ran out allocating it)."""
-    pinned, free, weights = c.pinned, c.n.get("initial_free_bytes") or c.free, c.n.get("weights_bytes")
+    pinned, free, weights, room = _arena_room(c)
     if not (pinned and need > pinned):
         return None
     new = math.ceil(need / (100 * MiB)) * 100 * MiB
-    room = int(free - weights - ACTIVATION_GRAPH_RESERVE) if free and weights else None
     ok = room is not None and new <= room
     pred: dict[str, Any] = {"outcome": "fits" if ok else ("short" if room is not None else "unknown"),
                             "kv_cache_memory_bytes": new}
