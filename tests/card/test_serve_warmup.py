@@ -1,0 +1,33 @@
+"""A real served warm-up OOM (fixtures/logs/vllm-0.25.1-h200-morning/W1_serve_warmup.log, vllm serve 0.25.1 on the
+H200): the V2 runner's warmup_kernels runs out on its max_num_seqs (1024) dummy requests. On the device
+(incidents/h200-retest-2026-12-02-morning/) the card's first lever, max_num_seqs 256, passed in the second start."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomdoctor.card.incident import diagnose_log
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200-morning" / "W1_serve_warmup.log"
+MODEL = ROOT / "fixtures" / "models" / "gpukit-llama-886m"
+
+
+def test_the_served_warmup_oom_is_read_from_its_frames(tmp_path):
+    card, _, _ = diagnose_log(LOG, tmp_path / "c.yaml", no_device=True)
+    c = card["classification"]
+    assert (c["class"], c["phase"], c["engine"], c["engine_version"]) == ("sampler_warmup_oom", "warmup", "vllm",
+                                                                          "0.25.1")
+    assert c["phase_basis"] == "frames"
+
+
+def test_its_workload_is_the_server_with_the_env_the_log_names(tmp_path):
+    wl = diagnose_log(LOG, tmp_path / "c.yaml", no_device=True)[0]["workload"]
+    assert wl["launcher"] == "vllm-serve"
+    assert wl["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert wl["free_at_start_bytes"] == 5401346048          # the harness's NVML line: the ballast to rebuild
+
+
+def test_the_first_lever_is_fewer_warmup_requests_as_a_serve_flag(tmp_path):
+    lv = diagnose_log(LOG, tmp_path / "c.yaml", no_device=True, model_dir=MODEL)[0]["levers"][0]
+    assert (lv["id"], lv["change"], lv["flag"]) == ("max_num_seqs", {"max_num_seqs": 256}, "--max-num-seqs 256")
+    assert lv["predicted"]["model"]["fits"] is True
