@@ -205,7 +205,8 @@ def _complete_tracebacks(keep: list[Match]) -> set[int]:
             if _is_frame_line(c):
                 pending.append(c)
                 last = c.n
-            elif pending and not _is_cut_reading(c):   # an exception line, not another cut reading (a worker header)
+            elif pending and c.rule.role != "frame" and not _is_cut_reading(c):   # an exception line (not a frame's code
+                # line, not another cut reading: a worker header)
                 if proc or c.n - last <= TRACEBACK_TAIL_LINES:
                     complete.update(id(f) for f in pending)
                 pending = []

@@ -53,7 +53,7 @@ def test_every_cut_of_every_real_log_reads_as_its_log():
     for r in res["rows"]:
         if r["miss"].startswith("guess:"):
             assert r["basis"] == "likely" and "confidence low" in r["miss"], r
-    assert res["guessed"] <= 20        # 18 of the 23 logs before the dawn serve logs; S1 and S2 add their bare lines
+    assert res["guessed"] <= 23        # 18 of the 23 logs before the dawn serve logs; S1, S2 and W1 add their bare lines
 
 
 def test_memory_in_cuda_graph_pools_rules_out_the_phases_before_capture(tmp_path):

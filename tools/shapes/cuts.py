@@ -34,7 +34,8 @@ from oomdoctor.diagnose.classify import diagnose_file  # noqa: E402
 from oomdoctor.diagnose.rules import default_rules  # noqa: E402
 from oomdoctor import contract  # noqa: E402
 
-LOG_DIRS = ("vllm-0.25.1-h200", "vllm-0.25.1-h200-evening", "vllm-0.25.1-h200-night", "vllm-0.25.1-h200-dawn")
+LOG_DIRS = ("vllm-0.25.1-h200", "vllm-0.25.1-h200-evening", "vllm-0.25.1-h200-night", "vllm-0.25.1-h200-dawn",
+            "vllm-0.25.1-h200-morning")
 TAILS = (3, 5, 10, 20, 40, 80, 160)
 WRAP = 120                   # a terminal's or a web console's hard wrap
 PROC = re.compile(r"^\((?:EngineCore|APIServer|VllmWorker|Worker)[^)]{0,60}\) ")
