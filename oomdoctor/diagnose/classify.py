@@ -296,6 +296,12 @@ def build_evidence(root: Match | None, matches: list[Match], runtime: RuntimeTra
         ledger = [m for m in matches if m.rule.role in ("milestone", "info") and m.n < root.n and m.numbers]
     else:
         ev.extend(runtime.evidence())
+        # no root: the wrappers the paste holds are its evidence (cascade_only names them), each wording once
+        wrappers: dict[str, Match] = {}
+        for m in matches:
+            if m.rule.role == "cascade" and len(wrappers) < 3:
+                wrappers.setdefault(m.line.msg.strip(), m)
+        ev.extend(_ev(m, "cascade") for m in wrappers.values())
         ledger = [m for m in matches if m.rule.role in ("milestone", "info") and m.numbers]
     seen_rules: set[str] = set()
     for m in reversed(ledger):                 # the latest ledger line of each kind

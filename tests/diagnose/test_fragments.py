@@ -295,3 +295,21 @@ def test_frames_in_a_logged_stack_are_not_a_cut_traceback():
     # with the same frames under the engine's ERROR records (a traceback cut before its exception line) they count
     d = diagnose_lines(frames, RULES, SourceInfo(str(log)))
     assert d.rule == "vllm.traceback.cut" and d.is_memory_failure
+
+
+def test_a_paste_of_only_the_servers_500_answers_says_the_cause_is_above_them(tmp_path):
+    # the access-log lines of a real served runtime OOM (S1), without the engine core's traceback before them
+    src = LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log"
+    lines = [t for t in src.read_text(encoding="utf-8").splitlines() if '" 500 Internal Server Error' in t]
+    assert len(lines) >= 5
+    p = tmp_path / "answers.log"
+    p.write_text("\n".join(lines[:5]) + "\n", encoding="utf-8")
+    d = diagnose_file(p, RULES)
+    assert (d.klass, d.rule, d.engine) == ("cascade_only", "vllm.cascade.server_error_answers", "vllm")
+    c = d.classification()
+    assert "before the first 500" in c["root_cause_in"] and "EngineCore" in c["root_cause_in"]
+    # the answers are the evidence (it had said "no line of the log matched a rule")
+    assert [e["role"] for e in d.evidence][:1] == ["cascade"] and '" 500' in d.evidence[0]["text"]
+    # in the whole log the OOM before them stays the root
+    whole = _diag(src)
+    assert (whole.klass, whole.phase) == ("runtime_oom", "runtime")
