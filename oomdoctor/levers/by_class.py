@@ -148,7 +148,9 @@ def gen_cuda_graph(c: Ctx) -> list[Lever]:
 
 
 def gen_sampler(c: Ctx) -> list[Lever]:
-    mns = int(c.setting("max_num_seqs", 1024) or 1024)
+    # the message's own count of dummy requests is the max_num_seqs the engine ran with (vLLM: "warming up sampler
+    # with 256 dummy requests"); vLLM's default 1024 only when neither the log nor the message says
+    mns = int(c.setting("max_num_seqs", c.n.get("sampler_warmup_requests", 1024)) or 1024)
     new = max(16, mns // 4)
     out = [lever("max_num_seqs", {"max_num_seqs": new}, {"outcome": "unknown", "sampler_warmup_requests": new},
                  f"at most {new} concurrent sequences instead of {mns}", "the warm-up runs max_num_seqs dummy requests",

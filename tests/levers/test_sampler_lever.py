@@ -1,0 +1,25 @@
+"""The warm-up's lever starts from the max_num_seqs the engine ran with. vLLM's message states it ("warming up
+sampler with 256 dummy requests": the warm-up runs max_num_seqs dummy requests); the lever had assumed vLLM's
+default 1024 and proposed 256 for a run that already had 256, and 256 for an HPU pooler warm-up of 128."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.card.incident import diagnose_log
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("log, ran, new", [
+    ("field-guide/vllm-v1-024.log", 256, 64),                          # the message's 256 dummy requests
+    ("vllm-accel-formatstrings/hpu_pooler_warmup_oom.log", 128, 32),   # vllm-gaudi's pooler warm-up of 128
+    ("vllm-0.25.1-h200-morning/W1_serve_warmup.log", 1024, 256),       # no count in the log: vLLM's default
+])
+def test_the_warmup_lever_lowers_the_count_the_engine_ran_with(tmp_path, log, ran, new):
+    card, _, _ = diagnose_log(LOGS / log, tmp_path / "c.yaml", no_device=True)
+    assert card["classification"]["class"] == "sampler_warmup_oom"
+    lv = card["levers"][0]
+    assert lv["id"] == "max_num_seqs" and lv["change"] == {"max_num_seqs": new}
+    assert lv["cost"] == f"at most {new} concurrent sequences instead of {ran}"
