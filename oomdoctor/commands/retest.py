@@ -46,12 +46,15 @@ def print_summary(card: CardDict) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Seconds for the engine start and the requests.")
 @click.option("--tolerance", type=float, default=0.10, show_default=True, help="Allowed performance change vs the baseline.")
 @click.option("--json", "as_json", is_flag=True, help="Print the attempt as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress and no summary on stderr (errors still are): the exit code and, with --json, stdout "
+                   "say the result.")
 @click.option("--trust-card", is_flag=True,
               help="Run what the card says even where oomdoctor did not derive it: a 'command' launcher (the card's own "
                    "argv), code-loading engine arguments, its whole environment. Only for a card you wrote or checked.")
 def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine: str, emulate: str | None,
             emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool,
-            trust_card: bool) -> int:
+            trust_card: bool, quiet: bool = False) -> int:
     """Re-run the workload recorded in CARD with exactly one lever applied.
 
     Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input;
@@ -61,7 +64,8 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
 
     rc, attempt, after = retest(card, lever_id=lever_id, next_=next_, dry_run=dry_run, engine=engine,
                                 emulate=emulate or emulate_free, no_emulate=no_emulate, gpu_index=gpu_index,
-                                timeout_s=timeout_s, tolerance=tolerance, trust_card=trust_card)
+                                timeout_s=timeout_s, tolerance=tolerance, trust_card=trust_card,
+                                progress=(lambda _s: None) if quiet else None)
     if as_json:
         sys.stdout.write(json.dumps(attempt, indent=2, default=str) + "\n")
     elif dry_run and attempt.get("mode") == "twin":
@@ -70,7 +74,7 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
         click.echo("dry run: would run " + shlex.join(attempt["argv"]))
         if attempt.get("needs_trust_card"):
             click.echo("a real run needs --trust-card: " + "; ".join(attempt["needs_trust_card"]), err=True)
-    if not dry_run:
+    if not dry_run and not quiet:
         print_summary(after)
         inc = attempt.get("inconclusive")
         if inc:

@@ -40,3 +40,18 @@ def test_a_twin_dry_run_does_not_print_an_engine_command(cli, tmp_path):
     assert card.read_bytes() == before
     real = cli("retest", card, "--engine", "real", "--dry-run")
     assert real.rc == 0 and real.out.startswith("dry run: would run ") and "engine_runner" in real.out
+
+
+def test_quiet_json_leaves_stderr_empty_and_stdout_one_json_document(cli, tmp_path):
+    """An operator's script reads the attempt from stdout; --quiet drops the progress and the summary on stderr."""
+    import json
+
+    card = tmp_path / "a.yaml"
+    card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
+    loud = cli("retest", card, "--engine", "twin", "--json")
+    assert loud.err.strip()                              # without --quiet: the summary of the attempts
+    card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
+    r = cli("retest", card, "--engine", "twin", "--json", "--quiet")
+    assert r.rc == loud.rc and r.err == ""
+    attempt = json.loads(r.out)
+    assert attempt["engine"]["mode"] == "twin" and attempt["lever"] == json.loads(loud.out)["lever"]
