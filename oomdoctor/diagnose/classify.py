@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,22 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
 
 
+def memory_warning_note(keep: list[Match], root: Match | None, klass: str) -> str | None:
+    """A failure that is no memory failure after torch's "CUDA warning: out of memory" lines (a CUDA call that
+    returned out of memory while freeing or syncing, warned about and not raised): device memory ran out while it
+    ran, and a CUDA error after such warnings can be their consequence. The class stays the error's own."""
+    if klass not in contract.NO_MEMORY_FAILURE:
+        return None
+    # one per line: a rule of no engine is copied into every engine's rules, and each copy matches the line
+    warns = list({m.n: m for m in keep if "cuda_warning_oom" in m.groups and (root is None or m.n < root.n)}.values())
+    if not warns:
+        return None
+    fn = re.search(r"\(function (\w{1,80})\)", warns[0].line.text)
+    return (f"{len(warns):,} torch warning(s) 'CUDA warning: out of memory'{f' (in {fn.group(1)})' if fn else ''} "
+            f"came before it (lines {warns[0].n}-{warns[-1].n}): device memory ran out while the engine ran; the "
+            "error can be their consequence. Watch the GPU's memory (nvidia-smi) while reproducing it")
+
+
 def diagnose_lines(lines: Iterable[tuple[int, bytes | str] | bytes], ruleset: RuleSet, source: SourceInfo,
                    engine: str | None = None, engine_version: str | None = None,
                    metrics_text: str | None = None) -> Diagnosis:
@@ -207,6 +224,9 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
         for e in evidence:
             e["rule"] = ruleset.shown_id(e["rule"], eng)
     _closing_notes(notes, source, root, v.klass, phase_reached)
+    warned = memory_warning_note(keep, root, v.klass)
+    if warned:
+        notes.append(warned)
     return Diagnosis(
         source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,
         phase=v.phase, type=contract.CLASSES[v.klass]["type"], rule=v.rule, message=v.message, root=root,
