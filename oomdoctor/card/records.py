@@ -21,6 +21,7 @@ class Requests(TypedDict, total=False):
 class Workload(TypedDict, total=False):
     """How the engine was launched and with what (``card.workload``)."""
     launcher: str                      # vllm-serve, vllm-llm, command, unknown
+    launcher_assumed: bool             # the paste shows neither launcher: vllm-serve assumed
     model: str | None
     model_revision: str | None
     argv: list[str]

@@ -115,11 +115,12 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """(explicit arguments, resolved settings, served through the API server) from the matched ledger lines."""
+def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool | None]:
+    """(explicit arguments, resolved settings, served through the API server: True, through the offline API: False,
+    not seen: None) from the matched ledger lines."""
     explicit: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
-    serve = False
+    serve: bool | None = None
     for m in matches:
         g = m.groups
         if "engine_args" in g and not explicit:
@@ -128,11 +129,21 @@ def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool]:
             resolved = parse_engine_config(g["engine_config"])
         if m.line.proc.startswith("APIServer"):
             serve = True
+        elif "offline_launcher" in g and serve is None:
+            serve = False
     for k, v in (("max_model_len", "max_model_len"), ("max_num_batched_tokens", "max_num_batched_tokens")):
         for m in matches:
             if k in m.numbers and m.rule.role == "info":
                 resolved.setdefault(v, m.numbers[k])
-    return explicit, resolved, serve or "model_tag" in explicit
+    return explicit, resolved, True if "model_tag" in explicit else serve
+
+
+def _launcher(engine: str | None, serve: bool | None) -> tuple[str, bool]:
+    """(launcher, assumed): the API server's lines → ``vllm-serve``; the offline API's → ``vllm-llm``; neither in
+    the paste → ``vllm-serve``, assumed (the path most pastes come from, and the user's flagless one)."""
+    if engine != "vllm":
+        return "unknown", False
+    return ("vllm-llm", False) if serve is False else ("vllm-serve", serve is None)
 
 
 def _from_header(wl: Workload, header: dict[str, Any]) -> None:
@@ -161,9 +172,7 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     revealed = revealed_env(matches)
     env = {**{r["name"]: r["value"] for r in revealed}, **env}       # the harness's own record wins
     server = _server_port(matches)
-    launcher = "unknown"
-    if engine == "vllm":
-        launcher = "vllm-serve" if serve or server is not None else "vllm-llm"
+    launcher, assumed = _launcher(engine, True if server is not None else serve)
     wl: Workload = {
         "launcher": launcher,
         "model": model,
@@ -175,6 +184,8 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
         "baseline": None,
         "source": "log",
     }
+    if assumed:
+        wl["launcher_assumed"] = True
     if revealed:
         wl["env_revealed"] = revealed
     replay = replay_requests(matches, settings.get("max_model_len") or resolved.get("max_model_len"))
@@ -254,7 +265,7 @@ HEADER_DATA = ("model", "model_revision", "engine_args", "explicit_args", "resol
                "free_at_start_bytes", "free_at_start_source", "gpu_total_bytes", "emulate_free_bytes")
 
 
-def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, serve: bool) -> Workload:
+def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, serve: bool | None) -> Workload:
     """An ``# oomdoctor-record:`` header's workload, as data: its fields of HEADER_DATA; the launcher only when
     it is one oomdoctor builds the command of itself (else derived from the engine's lines, as for any log)."""
     wl = cast(Workload, {k: raw[k] for k in HEADER_DATA if k in raw})
@@ -266,7 +277,9 @@ def _header_workload(raw: dict, resolved: dict[str, Any], engine: str | None, se
     if launcher not in HEADER_LAUNCHERS:
         if launcher is not None:
             dropped.append(f"launcher {str(launcher)[:40]!r}")
-        launcher = ("vllm-serve" if serve else "vllm-llm") if engine == "vllm" else "unknown"
+        launcher, assumed = _launcher(engine, serve)
+        if assumed:
+            wl["launcher_assumed"] = True
     wl["launcher"] = launcher
     if not isinstance(wl.get("engine_args"), dict):
         wl["engine_args"] = {}

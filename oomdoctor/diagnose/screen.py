@@ -87,7 +87,12 @@ def launcher_text(card: dict, lever: dict) -> list[str]:
     from oomdoctor.levers.paste import paste_text
 
     wl = card.get("workload") or {}
-    return paste_text((card.get("engine") or {}).get("name") or "", wl.get("launcher"), wl.get("model"), lever)
+    engine = (card.get("engine") or {}).get("name") or ""
+    lines = paste_text(engine, wl.get("launcher"), wl.get("model"), lever)
+    if wl.get("launcher_assumed"):        # the paste shows no launcher: `vllm serve` assumed, the offline form beside it
+        offline = [t for t in paste_text(engine, "vllm-llm", wl.get("model"), lever) if t not in lines]
+        lines += [f"{offline[0]}     # the offline API"] if offline else []
+    return lines
 
 
 def paste_lines(texts: list[str], width: int, indent: str) -> list[str]:

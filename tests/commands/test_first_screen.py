@@ -109,6 +109,26 @@ def test_a_served_start_gets_the_vllm_serve_flag() -> None:
     assert f"  vllm serve {card['workload']['model']} ... {flag}" in lines
 
 
+def test_a_paste_without_its_launcher_gets_the_serve_flag_and_the_offline_form_beside_it() -> None:
+    # field-guide vllm-v1-024: an engine core's traceback and the sampler's message; neither the API server's lines
+    # nor the offline API's show which launcher ran it. `vllm serve` is assumed, and said to be
+    card = _card(LOGS / "field-guide" / "vllm-v1-024.log")
+    assert (card["workload"]["launcher"], card["workload"]["launcher_assumed"]) == ("vllm-serve", True)
+    lines = first_screen(card, None, WIDTH)
+    i = lines.index("  vllm serve MODEL ... --max-num-seqs 64")
+    assert lines[i + 1] == "  LLM(..., max_num_seqs=64)     # the offline API"
+
+
+@pytest.mark.parametrize("log, launcher", [
+    ("vllm-0.25.1-h200/A_fail.log", "vllm-llm"),            # the offline API's frames (entrypoints/llm.py)
+    ("vllm-0.25.1-h200/A_pass.log", "vllm-llm"),            # its "Processed prompts" bar
+    ("vllm-0.25.1-h200-dawn/S1_serve_runtime.log", "vllm-serve"),   # the API server's lines
+])
+def test_a_launcher_the_log_shows_is_not_assumed(log: str, launcher: str) -> None:
+    wl = _card(LOGS / log)["workload"]
+    assert wl["launcher"] == launcher and "launcher_assumed" not in wl
+
+
 def test_a_long_serve_line_is_continued_not_wrapped() -> None:
     card = _card(LOGS / "vllm-0.33.0-formatstrings" / "kv_preemption.log")
     lines = first_screen(card, None, WIDTH)
