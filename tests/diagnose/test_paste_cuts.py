@@ -72,9 +72,15 @@ def test_compile_or_warm_up_alone_stands_for_capture_with_confidence_medium(tmp_
     lines = cuts.engine_lines((LOGS / "vllm-0.25.1-h200" / "F1b_fail.log").read_text(encoding="utf-8"))
     full = cuts.diagnose(lines, "F1b_fail.log", RULES)
     assert (full.klass, full.confidence) == ("cuda_graph_oom", "high") and "vllm.frame.capture" in full.phase_basis
-    # 30 lines either side of the root: the re-raised traceback after it is cut below compile_or_warm_up_model
+    # 30 lines either side of the root: the re-raised traceback after it is cut below compile_or_warm_up_model,
+    # whose own line names the call it made ('cuda_graph_memory_bytes = self.model_runner.capture_model()')
     window = next(c for c in cuts.cuts_of(lines, full.root.n - 1) if c.name == "window30")
+    assert window.lines[-1].endswith("= self.model_runner.capture_model()")
     d = _one(tmp_path, "f1b_window.log", window.lines)
+    assert (d.klass, d.phase, d.phase_basis_kind, d.confidence) == ("cuda_graph_oom", "cuda_graph", "frames", "high")
+    assert "vllm.frame.capture" in d.phase_basis
+    # without that line, compile_or_warm_up_model alone: capture, said with medium confidence
+    d = _one(tmp_path, "f1b_window_cut.log", window.lines[:-1])
     assert (d.klass, d.phase, d.phase_basis_kind, d.confidence) == ("cuda_graph_oom", "cuda_graph", "frames", "medium")
     assert "vllm.frame.compile_or_warm_up" in d.phase_basis
 
