@@ -31,3 +31,13 @@ def test_the_first_lever_is_fewer_warmup_requests_as_a_serve_flag(tmp_path):
     lv = diagnose_log(LOG, tmp_path / "c.yaml", no_device=True, model_dir=MODEL)[0]["levers"][0]
     assert (lv["id"], lv["change"], lv["flag"]) == ("max_num_seqs", {"max_num_seqs": 256}, "--max-num-seqs 256")
     assert lv["predicted"]["model"]["fits"] is True
+
+
+def test_the_served_capture_oom_is_read_from_its_frames_and_gets_the_eager_flag(tmp_path):
+    # fixtures/logs/vllm-0.25.1-h200-morning/G1_serve_capture.log: F1b's pinned arena through vllm serve
+    card, _, _ = diagnose_log(LOG.with_name("G1_serve_capture.log"), tmp_path / "c.yaml", no_device=True)
+    c = card["classification"]
+    assert (c["class"], c["phase"], c["phase_basis"], c["engine"]) == ("cuda_graph_oom", "cuda_graph", "frames", "vllm")
+    assert card["workload"]["launcher"] == "vllm-serve" and "launcher_assumed" not in card["workload"]
+    lv = card["levers"][0]
+    assert (lv["id"], lv["change"], lv["flag"]) == ("enforce_eager", {"enforce_eager": True}, "--enforce-eager")
