@@ -152,7 +152,7 @@ def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
 
 
 def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, klass: str,
-                   phase_reached: str | None) -> None:
+                   phase_reached: str | None, keep: list[Match]) -> None:
     if source.cut_lines:
         notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
     if source.undone:
@@ -162,6 +162,9 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
             notes.append("the engine started and served; no memory failure in the log")
         elif phase_reached:
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
+    warned = memory_warning_note(keep, root, klass)
+    if warned:
+        notes.append(warned)
 
 
 def memory_warning_note(keep: list[Match], root: Match | None, klass: str) -> str | None:
@@ -223,10 +226,7 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
         v.rule = ruleset.shown_id(v.rule, eng) if v.rule else v.rule
         for e in evidence:
             e["rule"] = ruleset.shown_id(e["rule"], eng)
-    _closing_notes(notes, source, root, v.klass, phase_reached)
-    warned = memory_warning_note(keep, root, v.klass)
-    if warned:
-        notes.append(warned)
+    _closing_notes(notes, source, root, v.klass, phase_reached, keep)
     return Diagnosis(
         source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,
         phase=v.phase, type=contract.CLASSES[v.klass]["type"], rule=v.rule, message=v.message, root=root,

@@ -160,10 +160,9 @@ def frame_patterns(entries: Any, where: str) -> list[dict]:
         out.append({"regex": f"File [^\\s:]+:\\d+, in (?:[\\w<>]+\\.){{0,3}}(?:{names})\\(", "anchor": ", in "})
         # a paste hard-wrapped at 80 columns: the frame's second half starts the line ('ssing/engine.py", line N, in f')
         out.append({"regex": f'^[^\\s"]*\\.py", line \\d+,? in (?:{names})\\s*$', "anchor": '", line '})
-        # the innermost frame's own source line names the call it was making when the traceback was cut below it
-        # (a paste that stops mid-traceback: 'File ".../gpu_worker.py", line 839, in compile_or_warm_up_model' then
-        # '    warmup_kernels(self.model_runner, ...)'): an indented statement that calls the function (alone, assigned,
-        # returned or awaited), as CPython prints a frame's line. In a whole traceback the callee's own frame follows
+        # a frame's own source line names the call it made, which places a traceback cut below it ('... in
+        # compile_or_warm_up_model' then '    warmup_kernels(self.model_runner, ...)'): an indented statement that
+        # calls the function (alone, assigned, returned or awaited). In a whole traceback the callee's frame follows
         for f in bare:
             out.append({"regex": f"^\\s{{4,}}(?:[\\w.,:\\[\\] ]{{1,80}}= )?(?:return |await |yield )?(?:\\w+\\.){{0,4}}{re.escape(f)}\\(",
                         "anchor": f"{f}("})
