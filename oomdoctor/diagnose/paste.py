@@ -20,7 +20,9 @@ of an HTML copy, and long lines hard-wrapped at a terminal's width (``File ".../
 * colour codes whose ESC byte a copy dropped (``[0;36m(APIServer pid=1)[0;0m INFO ...``): removed, when two or more
   lines start with one;
 * ``cat -n`` line numbers (every non-blank line numbered, one after the other, then a tab): removed;
-* hard wraps: two or more different lines of one length W (60-512 characters) break inside a word, a path, a
+* hard wraps: two or more different lines of one length W (60-512 characters) — or, in a paste of at most 20 lines none
+  longer than W, its next-to-last line, of a usual width (80, 100, 120, 132 or 160), inside a word or after one blank
+  into the last — break inside a word, a path, a
   figure or at one blank into a next line that starts no record of its own (no time stamp, level, process or
   launcher prefix, frame, ``Traceback``, exception, blank or indented line) and does not start like the line
   itself; then, when at least as many lines are W long as are longer (a paste of pieces may hold a few longer
@@ -54,6 +56,9 @@ from oomdoctor.errors import BadInput
 PASTE_MAX_BYTES = 2 << 20
 T = TypeVar("T")
 WRAP_MIN, WRAP_MAX = 60, 512
+# one wrapped line is enough in a short paste whose lines are none longer than a terminal's or a renderer's usual
+# width (a 2- to 6-line paste of one long message); in a longer paste a line of any length occurs by chance
+SINGLE_WRAP_WIDTHS, SINGLE_WRAP_MAX_LINES = (80, 100, 120, 132, 160), 20
 
 _QUOTE_RE = re.compile(r"^ {0,3}((?:> ?){1,16})")
 _QUOTED_BYTES_RE = re.compile(rb"(?m)^ {0,3}>")
@@ -164,10 +169,25 @@ def _wrap_width(lines: list[str], lens: list[int]) -> int | None:
     # two different lines: one record repeated (a noisy rank's line between every other) is no wrap
     width, seen = max(breaks.items(), key=lambda kv: (len(kv[1]), kv[0]), default=(0, set()))
     if len(seen) < 2:
-        return None
+        return _single_wrap(lines, lens)
     # a terminal makes a W-wide piece of every longer line: few lines stay longer than W (a multi-line record
     # that a long log repeats is of one width too, among many longer lines)
     return width if lens.count(width) >= sum(1 for n in lens if n > width) else None
+
+
+def _single_wrap(lines: list[str], lens: list[int]) -> int | None:
+    """A short paste (SINGLE_WRAP_MAX_LINES) that ends in a long line broken once at a usual width W
+    (SINGLE_WRAP_WIDTHS) — inside a word or after one blank — and has no line longer than W (a terminal cuts a long
+    line into W-wide pieces): W. Its last line is the piece; the line before it is W long."""
+    body = [i for i, ln in enumerate(lines) if ln.strip()]
+    if len(lines) > SINGLE_WRAP_MAX_LINES or len(body) < 2 or body[-2] != body[-1] - 1:
+        return None
+    i = body[-2]
+    ln, nxt = lines[i].rstrip("\r"), lines[i + 1]
+    inside = (ln[-1].isalnum() and nxt[0].isalnum()) or (ln[-1] == " " and ln[-2:-1] != " " and not nxt[0].isspace())
+    if lens[i] in SINGLE_WRAP_WIDTHS and max(lens) <= lens[i] and inside and not _starts_record(nxt):
+        return lens[i]
+    return None
 
 
 def _unwrap(lines: list[str], undone: list[str]) -> list[str]:

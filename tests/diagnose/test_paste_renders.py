@@ -175,6 +175,27 @@ def test_what_is_no_render_is_left_as_it_is(name, why):
     assert undo(data) == (data, []), why
 
 
+@pytest.mark.parametrize("case, width", [("oe-041", 120), ("vllm-v0p-016", 120), ("oe-018", 120), ("oe-041", 80)])
+def test_a_short_paste_that_ends_in_one_wrapped_line_is_joined_back(case, width, tmp_path):
+    # a 1- to 6-line paste whose last message a terminal of a usual width broke once: one break is enough there
+    # (in a longer paste a line of any one length occurs by chance: two different breaks are needed)
+    text = (FG / f"{case}.log").read_text(encoding="utf-8")
+    wrapped = wrap(text, width)
+    assert len(_lines(wrapped)) > len(_lines(text))
+    got, undone = undo(wrapped.encode())
+    assert got.decode() == text and undone and f"hard-wrapped at {width}" in undone[0]
+    c = next(c for c in CASES if c["id"] == case)
+    assert (_read(wrapped, tmp_path).klass, _read(text, tmp_path).klass) == (c["class"], c["class"])
+
+
+def test_one_line_of_a_usual_width_is_no_wrap_before_a_line_that_does_not_end_the_paste():
+    line = "x" * 119 + "e"
+    assert undo(f"{line}\npulling manifest\nError: pull model manifest: file does not exist\n".encode())[1] == []
+    # nor a break between a word and a path, nor in a longer paste
+    assert undo(f"{'y' * 119}d\n/src/ggml-backend.cpp:125: GGML_ASSERT(base != NULL) failed\n".encode())[1] == []
+    assert undo(("short line\n" * 20 + f"{line}\nmore text\n").encode())[1] == []
+
+
 def test_a_record_repeated_between_every_line_is_no_wrap():
     # a noisy rank's line of one width between every line of a log (tests/commands' interleaving check)
     noise = "(Worker_TP1 pid=9) INFO 11-29 15:05:31 [custom_all_reduce.py:203] Registering 4563 cuda graph addresses"
