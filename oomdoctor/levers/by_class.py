@@ -10,7 +10,7 @@ from oomdoctor.levers.rank import dedupe
 from oomdoctor.levers.record import ACTIVATION_GRAPH_RESERVE, MiB, _h, lever
 from oomdoctor.engines.vllm.defaults import largest_default_batched_tokens
 from oomdoctor.levers.settings import (batch_halved, free_others, larger_gpu, pinned_arena_lever, util_step_down,
-                                       util_to_fit_free, window_levers)
+                                       unmeasured_room_warning, util_to_fit_free, window_levers)
 
 
 def gen_kv_capacity(c: Ctx) -> list[Lever]:
@@ -144,6 +144,7 @@ def gen_cuda_graph(c: Ctx) -> list[Lever]:
     out.append(lever("cuda_graph_sizes", {"max_cudagraph_capture_size": 64}, {"outcome": "unknown"},
                      "graphs only for batches up to 64 sequences; larger batches run eagerly", "fewer, smaller graphs", score=30))
     out.append(larger_gpu(c, None))
+    unmeasured_room_warning(c, out)
     return out
 
 

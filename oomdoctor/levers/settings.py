@@ -171,6 +171,24 @@ def arena_warning(c: Ctx, levers: list[Lever]) -> None:
             lv["predicted"]["then"] = "kv_allocation_oom"
 
 
+def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
+    """A pinned arena that fits beside the weights but leaves less than the reserve: vLLM skips memory profiling
+    for it (0.25.1 gpu_worker.py: "... as specified by kv_cache_memory_bytes config and skipped memory profiling"), so
+    the graphs, the warm-up's max_num_seqs dummy requests and the activations get what is left, which nothing
+    measured. A lever that only drops the graphs then meets the warm-up (a real served H200 walk, G1: enforce_eager
+    → sampler_warmup_oom with 0.78 GiB left, then max_num_seqs 256 passed); the prediction says so."""
+    pinned, free, weights, room = _arena_room(c)
+    if not pinned or room is None or pinned <= room or free - weights - pinned < 0:
+        return
+    left, mns = free - weights - pinned, int(c.setting("max_num_seqs", 1024) or 1024)
+    for lv in levers:
+        if lv["id"] in ("enforce_eager", "cuda_graph_sizes"):
+            lv["predicted"]["warning"] = (
+                f"vLLM does not profile a pinned KV arena; {_h(pinned)} of it leaves {_h(left)} beside the weights, "
+                f"under a {_h(ACTIVATION_GRAPH_RESERVE)} reserve: the warm-up of {mns:,} dummy requests can run out "
+                "next (then max_num_seqs)")
+
+
 def pinned_to_fit(c: Ctx, need: float) -> Lever | None:
     """A pinned KV budget (kv_cache_memory_bytes) too small for one sequence of the window: grow it to what one
     needs, rounded up to 100 MiB — predicted to fit only when the free memory holds it beside the weights and the

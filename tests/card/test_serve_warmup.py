@@ -41,3 +41,16 @@ def test_the_served_capture_oom_is_read_from_its_frames_and_gets_the_eager_flag(
     assert card["workload"]["launcher"] == "vllm-serve" and "launcher_assumed" not in card["workload"]
     lv = card["levers"][0]
     assert (lv["id"], lv["change"], lv["flag"]) == ("enforce_eager", {"enforce_eager": True}, "--enforce-eager")
+
+
+def test_the_eager_lever_of_a_pinned_arena_says_the_warm_up_can_run_out_next(tmp_path):
+    # on the device (incidents/h200-retest-2026-12-02-morning/, second lease) enforce_eager moved G1's failure to
+    # the warm-up: vLLM skips profiling for a pinned arena, and 0.78 GiB was left beside the weights
+    lv = diagnose_log(LOG.with_name("G1_serve_capture.log"), tmp_path / "c.yaml", no_device=True)[0]["levers"][0]
+    assert lv["id"] == "enforce_eager"
+    w = lv["predicted"]["warning"]
+    assert "does not profile a pinned KV arena" in w and "1,024 dummy requests" in w and "800.95 MiB" in w
+    # a capture OOM without a pinned arena gets no such warning
+    plain = diagnose_log(ROOT / "fixtures" / "logs" / "vllm-0.33.0-formatstrings" / "cuda_graph_oom.log",
+                         tmp_path / "d.yaml", no_device=True)[0]["levers"]
+    assert plain[0]["id"] == "enforce_eager" and "warning" not in plain[0]["predicted"]
