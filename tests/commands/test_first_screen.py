@@ -231,3 +231,18 @@ def test_what_a_prediction_leaves_out_is_on_the_first_screen() -> None:
     text = " ".join(lines)
     assert "But: your explicit gpu_memory_utilization=0.005 gives a budget of 715.78 MiB" in text
     assert len(lines) <= HEIGHT and max(len(ln) for ln in lines) <= WIDTH
+
+
+def test_a_scripts_own_llm_line_says_the_offline_api(tmp_path: Path) -> None:
+    # the user's frame and its line 'llm = LLM(...)' above vLLM's sampler message (its wording: the field guide's
+    # vllm-v1-024): the offline API, not assumed
+    p = tmp_path / "script.log"
+    p.write_text('  File "run.py", line 3, in <module>\n    llm = LLM(model="x")\n'
+                 + _line_of(LOGS / "field-guide" / "vllm-v1-024.log", "warming up sampler") + "\n", encoding="utf-8")
+    wl = _card(p)["workload"]
+    assert wl["launcher"] == "vllm-llm" and "launcher_assumed" not in wl
+
+
+def _line_of(log: Path, text: str) -> str:
+    line = next(t for t in log.read_text(encoding="utf-8").splitlines() if text in t)
+    return line[line.index("RuntimeError"):]
