@@ -184,7 +184,7 @@ def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
     for lv in levers:
         if lv["id"] in ("enforce_eager", "cuda_graph_sizes"):
             lv["predicted"]["warning"] = (
-                f"vLLM does not profile a pinned KV arena; {_h(pinned)} of it leaves {_h(left)} beside the weights, "
+                f"vLLM does not profile a pinned KV arena: this {_h(pinned)} one leaves {_h(left)} beside the weights, "
                 f"under a {_h(ACTIVATION_GRAPH_RESERVE)} reserve: the warm-up of {mns:,} dummy requests can run out "
                 "next (then max_num_seqs)")
 
