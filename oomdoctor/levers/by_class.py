@@ -143,9 +143,18 @@ def gen_cuda_graph(c: Ctx) -> list[Lever]:
         out.append(util_step_down(c, "graph memory that profiling did not estimate must fit outside the budget", 20))
     out.append(lever("cuda_graph_sizes", {"max_cudagraph_capture_size": 64}, {"outcome": "unknown"},
                      "graphs only for batches up to 64 sequences; larger batches run eagerly", "fewer, smaller graphs", score=30))
+    _and_free_others(c, out, 40)
     out.append(larger_gpu(c, None))
     unmeasured_room_warning(c, out)
     return out
+
+
+def _and_free_others(c: Ctx, out: list[Lever], score: float) -> None:
+    """Freeing what the OOM message names as holding the GPU (a co-tenant, a zombie engine), after the class's own
+    levers: the capture, the warm-up and a serving step run out beside it as the start's allocations do."""
+    f = free_others(c, score, need=c.n.get("tried_to_allocate_bytes"))
+    if f:
+        out.append(f)
 
 
 def gen_sampler(c: Ctx) -> list[Lever]:
@@ -156,8 +165,10 @@ def gen_sampler(c: Ctx) -> list[Lever]:
     out = [lever("max_num_seqs", {"max_num_seqs": new}, {"outcome": "unknown", "sampler_warmup_requests": new},
                  f"at most {new} concurrent sequences instead of {mns}", "the warm-up runs max_num_seqs dummy requests",
                  explicit_override="max_num_seqs" in c.explicit, score=10)]
+    out[0]["cause"] = True      # the warm-up is sized by max_num_seqs: an explicit value of it is the cause, not a taste
     if not c.pinned:
         out.append(util_step_down(c, "leave room after the KV cache", 30))
+    _and_free_others(c, out, 40)
     out.append(larger_gpu(c, None))
     return out
 
@@ -234,6 +245,7 @@ def gen_runtime_oom(c: Ctx) -> list[Lever]:
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:
         out.append(util_step_down(c, "room outside the budget", 30))
+    _and_free_others(c, out, 40)
     out.append(lever("expandable_segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, {"outcome": "unknown"},
                      "none measurable in most workloads", "allocator tuning, only after sizing causes", applies_as="env", score=60))
     return dedupe(out)

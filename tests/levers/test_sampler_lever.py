@@ -23,3 +23,19 @@ def test_the_warmup_lever_lowers_the_count_the_engine_ran_with(tmp_path, log, ra
     lv = card["levers"][0]
     assert lv["id"] == "max_num_seqs" and lv["change"] == {"max_num_seqs": new}
     assert lv["cost"] == f"at most {new} concurrent sequences instead of {ran}"
+
+
+@pytest.mark.parametrize("log, first, pid", [
+    ("vllm-0.25.1-h200-morning/W1_serve_warmup.log", "max_num_seqs", 3134),
+    ("vllm-0.25.1-h200-morning/G1_serve_capture.log", "enforce_eager", 907),
+    ("vllm-0.25.1-h200-dawn/S1_serve_runtime.log", "max_num_batched_tokens", 1465),
+    ("vllm-0.25.1-h200-evening/G1_sampler.log", "max_num_seqs", 873),      # its max_num_seqs explicit: still first
+])
+def test_the_process_the_oom_names_is_offered_after_the_classs_own_levers(tmp_path, log, first, pid):
+    # capture, warm-up and serving steps run out beside a co-tenant as the start's allocations do; freeing it had
+    # been offered for those only
+    levers = diagnose_log(LOGS / log, tmp_path / "c.yaml", no_device=True)[0]["levers"]
+    ids = [lv["id"] for lv in levers]
+    assert ids[0] == first and "free_other_processes" in ids
+    free = levers[ids.index("free_other_processes")]
+    assert free["change"] == {"stop_pids": [pid]} and ids.index("free_other_processes") > 0
