@@ -138,6 +138,25 @@ def _ledger(matches: list) -> tuple[dict[str, Any], dict[str, Any], bool | None]
     return explicit, resolved, True if "model_tag" in explicit else serve
 
 
+def _pasted_command(matches: list) -> dict[str, Any] | None:
+    """The first command line the paste quotes (``vllm.workload.command_line``) → its model and options, as data;
+    None when there is none or it does not read as one (an unbalanced quote)."""
+    from oomdoctor.engines.vllm.argv import find_serve, split_options
+
+    m = next((m for m in matches if "command_line" in m.groups), None)
+    if m is None or not _shlex_ok(m.groups["command_line"]):
+        return None
+    toks = shlex.split(m.groups["command_line"])[:256]
+    start = find_serve(toks)
+    if start is None:
+        return None
+    found, positional = split_options(toks[start:])
+    model = next((str(v) for k, v in found if k in ("model", "model_tag")), None) or \
+        (positional[0] if positional else None)
+    args = _options([(k, v) for k, v in found if k not in ("model", "model_tag", "port", "config")])
+    return {**args, **({"model": model} if model else {})}
+
+
 def _launcher(engine: str | None, serve: bool | None) -> tuple[str, bool]:
     """(launcher, assumed): the API server's lines → ``vllm-serve``; the offline API's → ``vllm-llm``; neither in
     the paste → ``vllm-serve``, assumed (the path most pastes come from, and the user's flagless one)."""
@@ -166,6 +185,11 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     record = header.get("record") or {}
     if isinstance(record.get("workload"), dict):
         return _header_workload(record["workload"], resolved, engine, serve)
+    pasted = _pasted_command(matches)
+    if pasted is not None:
+        serve = True
+        if not explicit:               # the engine's own "non-default args" line wins over the quoted command
+            explicit = pasted
     model = explicit.get("model") or explicit.get("model_tag") or resolved.get("model")
     settings = {k: v for k, v in explicit.items() if k not in NOT_SETTINGS and k != "model"}
     env: dict[str, Any] = header["env"] if isinstance(header.get("env"), dict) else {}
@@ -343,8 +367,12 @@ def _serve_options(rest: list[str]) -> dict:
     """The flags after the model, read by THE vLLM argv reader (engines/vllm/argv.py): ``-tp 2`` included."""
     from oomdoctor.engines.vllm.argv import split_options
 
+    return _options(split_options(rest)[0])
+
+
+def _options(found: list) -> dict:
     args: dict = {}
-    for key, val in split_options(rest)[0]:
+    for key, val in found:
         if key.startswith("no_") and val is True:
             args[key[3:]] = False
         else:

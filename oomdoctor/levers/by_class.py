@@ -55,6 +55,9 @@ def no_room_levers(c: Ctx, have: list[Lever]) -> list[Lever]:
                          explicit_override="gpu_memory_utilization" in c.explicit,
                          arithmetic=[f"gpu_memory_utilization {c.util} → {new}: {new - c.util:.2f} of the GPU more "
                                      "for the cache"]))
+        # an explicit utilization under vLLM's defaults (0.9, 0.92) is what left no room (vLLM's message: "Try
+        # increasing `gpu_memory_utilization`"): the first suspect, not a setting to leave alone
+        out[-1]["cause"] = c.util < 0.9
     return out
 
 

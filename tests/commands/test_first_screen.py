@@ -246,3 +246,29 @@ def test_a_scripts_own_llm_line_says_the_offline_api(tmp_path: Path) -> None:
 def _line_of(log: Path, text: str) -> str:
     line = next(t for t in log.read_text(encoding="utf-8").splitlines() if text in t)
     return line[line.index("RuntimeError"):]
+
+
+def test_the_command_a_paste_quotes_gives_the_model_the_settings_and_the_launcher() -> None:
+    # field-guide vllm-v1-014: '$ python -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-8B
+    # --gpu-memory-utilization 0.4' above "No available memory for the cache blocks": the lever had assumed 0.92
+    card = _card(LOGS / "field-guide" / "vllm-v1-014.log")
+    wl = card["workload"]
+    assert (wl["launcher"], wl["model"], wl["engine_args"]) == ("vllm-serve", "Qwen/Qwen3-8B",
+                                                              {"gpu_memory_utilization": 0.4})
+    assert "launcher_assumed" not in wl
+    lines = first_screen(card, None, WIDTH)
+    assert "Change ONE thing: gpu_memory_utilization 0.4 → 0.45" in lines       # the explicit low value: the cause
+    assert "  vllm serve Qwen/Qwen3-8B ... --gpu-memory-utilization 0.45" in lines
+
+
+def test_the_engines_own_arguments_line_wins_over_a_quoted_command(tmp_path: Path) -> None:
+    src = (LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log").read_text(encoding="utf-8")
+    p = tmp_path / "s1.log"
+    p.write_text("$ vllm serve /other/model --max-num-batched-tokens 1024\n" + src, encoding="utf-8")
+    wl = _card(p)["workload"]
+    assert wl["model"] == "/root/model" and wl["engine_args"]["max_num_batched_tokens"] == 65536
+    # a quoted command that does not read as one (an unbalanced quote) is no command
+    q = tmp_path / "q.log"
+    q.write_text("$ vllm serve '/m --max-model-len 4096\n" + _line_of(LOGS / "field-guide" / "vllm-v1-024.log",
+                                                                      "warming up sampler") + "\n", encoding="utf-8")
+    assert _card(q)["workload"].get("launcher_assumed") is True

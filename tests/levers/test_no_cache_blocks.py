@@ -29,4 +29,7 @@ def test_a_setting_comes_before_other_hardware(tmp_path, case):
     levers = _levers(tmp_path, case)
     assert levers[0][0] != "larger_gpu" and levers[-1][0] == "larger_gpu", levers
     util = [c for i, c in levers if i == "gpu_memory_utilization"]
-    assert util and 0.9 < util[0]["gpu_memory_utilization"] <= 0.95
+    if case == "vllm-v1-014":      # its quoted command set 0.4: that low value is the first suspect, 0.05 more
+        assert levers[0] == ("gpu_memory_utilization", {"gpu_memory_utilization": 0.45})
+    else:
+        assert util and 0.9 < util[0]["gpu_memory_utilization"] <= 0.95
