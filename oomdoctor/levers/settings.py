@@ -183,6 +183,7 @@ def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
     left, mns = free - weights - pinned, int(c.setting("max_num_seqs", 1024) or 1024)
     for lv in levers:
         if lv["id"] in ("enforce_eager", "cuda_graph_sizes"):
+            lv["predicted"]["outcome"] = "unknown"      # not "fits" beside a warning that it may not
             lv["predicted"]["warning"] = (
                 f"vLLM does not profile a pinned KV arena: this {_h(pinned)} one leaves {_h(left)} beside the weights, "
                 f"under a {_h(ACTIVATION_GRAPH_RESERVE)} reserve: the warm-up of {mns:,} dummy requests can run out "

@@ -50,6 +50,7 @@ def test_the_eager_lever_of_a_pinned_arena_says_the_warm_up_can_run_out_next(tmp
     assert lv["id"] == "enforce_eager"
     w = lv["predicted"]["warning"]
     assert "does not profile a pinned KV arena" in w and "1,024 dummy requests" in w and "800.95 MiB" in w
+    assert lv["predicted"]["outcome"] == "unknown"          # not "fits" beside that warning
     # a capture OOM without a pinned arena gets no such warning
     plain = diagnose_log(ROOT / "fixtures" / "logs" / "vllm-0.33.0-formatstrings" / "cuda_graph_oom.log",
                          tmp_path / "d.yaml", no_device=True)[0]["levers"]
