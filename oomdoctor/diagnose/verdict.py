@@ -51,6 +51,10 @@ def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
     primary = [m for m in roots if not m.rule.fallback]
     cascade_lines = {c.n for c in cascades}
     pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
+    # a traceback's source line that quotes the message ('raise ValueError("No available memory for the cache
+    # blocks. "') is not the exception line that the same rule reads right below it
+    pool = [m for m in pool if not (m.line.msg.lstrip().startswith("raise ") and any(
+        o.rule is m.rule and 0 < o.n - m.n <= TRACEBACK_TAIL_LINES for o in pool))] or pool
     if not pool:
         return None
     first = pool[0]

@@ -323,3 +323,12 @@ def test_a_launch_failure_after_torchs_out_of_memory_warnings_keeps_its_class_an
     # the same error without the warnings: no such note
     clean = _diag(LOGS / "cxx-terminate-quoted" / "cuda_error_what.log")
     assert clean.klass == "not_memory" and not any("CUDA warning" in n for n in clean.notes)
+
+
+@pytest.mark.parametrize("case", ["vllm-v1-014", "vllm-v1-016", "vllm-v1-037"])
+def test_the_exception_line_is_the_root_not_the_source_line_that_raises_it(case):
+    # 'raise ValueError("No available memory for the cache blocks. "' then 'ValueError: No available memory ...'
+    d = _diag(FG / f"{case}.log")
+    lines = (FG / f"{case}.log").read_text(encoding="utf-8").splitlines()
+    assert any("raise " in t for t in lines[d.root.n - 4:d.root.n - 1]) and not d.root.line.msg.lstrip().startswith("raise ")
+    assert "Error: " in d.root.line.msg
