@@ -78,6 +78,26 @@ def free_others(c: Ctx, score: float, need: int | None = None) -> Lever | None:
                  "the OOM message names the process and its memory", applies_as="process", arithmetic=ar, score=score)
 
 
+def window_in_tokens(c: Ctx) -> Lever | None:
+    """The engine said how many tokens its KV cache holds and not how many bytes (V0's "The model's max seq len
+    (131072) is larger than the maximum number of tokens that can be stored in KV cache (21840)", the CPU backend's
+    among them, where no utilization of a GPU applies): the window is those tokens, aligned down."""
+    mml, cap = c.n.get("max_model_len") or c.setting("max_model_len"), c.n.get("kv_capacity_tokens")
+    if not (mml and cap) or cap >= mml:
+        return None
+    step = 1024 if cap >= 8192 else 16
+    new = _align_down(int(cap * (1 - WINDOW_MARGIN)), step)
+    if new <= 0:
+        return None
+    return lever("max_model_len", {"max_model_len": new}, {"outcome": "fits", "kv_capacity_tokens": int(cap)},
+                 f"context window {mml:,} → {new:,} tokens ({100 * (1 - new / mml):.0f}% shorter); longer requests "
+                 "are rejected", "the engine's error gives the tokens its KV cache holds",
+                 explicit_override="max_model_len" in c.explicit,
+                 arithmetic=[f"the KV cache holds {cap:,} tokens (the engine's error) x (1 - {WINDOW_MARGIN}), "
+                             f"aligned down to a multiple of {step}: {new:,}"],
+                 score=10 if "max_model_len" not in c.explicit else 40)
+
+
 def window_levers(c: Ctx) -> list[Lever]:
     n = c.n
     mml = n.get("max_model_len") or c.setting("max_model_len")
@@ -85,7 +105,8 @@ def window_levers(c: Ctx) -> list[Lever]:
     avail = n.get("kv_available_bytes")
     out: list[Lever] = []
     if not (mml and need and avail):
-        return out
+        w = window_in_tokens(c)
+        return [w] if w else out
     bpt = need / mml
     fit = int(avail * (1 - WINDOW_MARGIN) / bpt)
     est = int(n.get("estimated_max_model_len") or 0)
