@@ -216,6 +216,9 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     if replay:
         wl["requests"], wl["requests_source"] = replay
     _parallel(wl, resolved, settings)
+    ranks = _ranks_seen(matches)
+    if ranks > 1 and "parallel" not in wl:
+        wl["parallel"] = {"ranks_seen": ranks}     # a lower bound of the GPUs (TP x PP): the sizes are not in the paste
     port = explicit.get("port") or server
     if port:
         wl["port"] = int(port)
@@ -265,6 +268,20 @@ def _server_port(matches: list) -> int | None:
         return None
     port = re.search(r":(\d{1,5})(?:/|$)", m.groups["server_url"])
     return int(port.group(1)) if port else None
+
+
+_RANK_RE = re.compile(r"(?:\brank[= ]|_TP|\bTP)(\d{1,4})\b")
+
+
+def _ranks_seen(matches: list) -> int:
+    """How many worker ranks the process prefixes name ((VllmWorker rank=5 pid=..), (Worker_TP3 pid=..)): rank 5
+    means at least 6 GPUs, whatever the paste's other ranks."""
+    top = -1
+    for m in matches:
+        r = _RANK_RE.search(m.line.process or "")
+        if r:
+            top = max(top, int(r.group(1)))
+    return top + 1
 
 
 def _parallel(wl: Workload, resolved: dict[str, Any], settings: dict[str, Any]) -> None:

@@ -106,8 +106,11 @@ def gen_weights(c: Ctx) -> list[Lever]:
                          "fp8 weights: about half the weight memory; small quality risk, needs a GPU with fp8 support",
                          "bf16/fp16 weights take 2 bytes per parameter, fp8 one", score=30))
     tp = int(c.setting("tensor_parallel_size", 1) or 1)
-    out.append(lever("tensor_parallel_size", {"tensor_parallel_size": tp * 2}, {"outcome": "unknown", "weights_factor": 0.5},
-                     f"{tp * 2} GPUs instead of {tp}", "weights are split across ranks", score=40))
+    if c.setting("tensor_parallel_size") is not None or not (c.wl.get("parallel") or {}).get("ranks_seen"):
+        # (a paste of rank 5's lines ran on 6 GPUs or more, of a size it does not give: no size to double)
+        out.append(lever("tensor_parallel_size", {"tensor_parallel_size": tp * 2},
+                         {"outcome": "unknown", "weights_factor": 0.5}, f"{tp * 2} GPUs instead of {tp}",
+                         "weights are split across ranks", score=40))
     out.append(lever("cpu_offload_gb", {"cpu_offload_gb": 4}, {"outcome": "unknown"},
                      "weights streamed from CPU memory every step: much slower decoding", "UVA offload", score=60))
     out.append(larger_gpu(c, None))

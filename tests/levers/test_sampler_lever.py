@@ -39,3 +39,14 @@ def test_the_process_the_oom_names_is_offered_after_the_classs_own_levers(tmp_pa
     assert ids[0] == first and "free_other_processes" in ids
     free = levers[ids.index("free_other_processes")]
     assert free["change"] == {"stop_pids": [pid]} and ids.index("free_other_processes") > 0
+
+
+def test_a_paste_of_a_high_ranks_lines_gets_no_tensor_parallel_size_of_2(tmp_path):
+    # field-guide vllm-v1-002: '(VllmWorker rank=5 pid=41873)': 6 GPUs or more, of a size the paste does not give;
+    # "tensor_parallel_size 2: 2 GPUs instead of 1" had been lever #2
+    card, _, _ = diagnose_log(LOGS / "field-guide" / "vllm-v1-002.log", tmp_path / "c.yaml", no_device=True)
+    assert card["workload"]["parallel"] == {"ranks_seen": 6}
+    assert "tensor_parallel_size" not in [lv["id"] for lv in card["levers"]]
+    # a single-process log keeps its tensor-parallel lever
+    one, _, _ = diagnose_log(LOGS / "vllm-0.25.1-h200" / "C2_fail.log", tmp_path / "d.yaml", no_device=True)
+    assert "parallel" not in one["workload"] or "ranks_seen" not in one["workload"]["parallel"]
