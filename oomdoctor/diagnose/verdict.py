@@ -47,13 +47,17 @@ def likely_phase(m: Match) -> tuple[str, str]:
     return str(m.rule.likely_phase), ""
 
 
+# a traceback's source line that raises: after nothing, a logger's header ("[core.py:396] ") or a prefix ("... ")
+_RAISE_RE = re.compile(r"(?:^|[\]) ]) {0,40}raise [A-Za-z_][\w.]{0,80}\(")
+
+
 def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
     primary = [m for m in roots if not m.rule.fallback]
     cascade_lines = {c.n for c in cascades}
     pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
     # a traceback's source line that quotes the message ('raise ValueError("No available memory for the cache
     # blocks. "') is not the exception line that the same rule reads right below it
-    pool = [m for m in pool if not (m.line.msg.lstrip().startswith("raise ") and any(
+    pool = [m for m in pool if not (_RAISE_RE.search(m.line.text[:2000]) and any(
         o.rule is m.rule and 0 < o.n - m.n <= TRACEBACK_TAIL_LINES for o in pool))] or pool
     if not pool:
         return None
@@ -63,7 +67,9 @@ def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
     if nxt:
         end = min(end, nxt[0])
     episode = [m for m in pool if first.n <= m.n <= end]
-    return max(episode, key=lambda m: (m.rule.priority, -m.n))
+    # the earliest line of the episode; of a cut traceback (its frames stand for the missing exception line), the
+    # innermost frame, which says where it failed
+    return max(episode, key=lambda m: (m.rule.priority, m.n if _is_cut_reading(m) else -m.n))
 
 
 @dataclass

@@ -332,3 +332,10 @@ def test_the_exception_line_is_the_root_not_the_source_line_that_raises_it(case)
     lines = (FG / f"{case}.log").read_text(encoding="utf-8").splitlines()
     assert any("raise " in t for t in lines[d.root.n - 4:d.root.n - 1]) and not d.root.line.msg.lstrip().startswith("raise ")
     assert "Error: " in d.root.line.msg
+
+
+def test_a_cut_tracebacks_evidence_is_its_innermost_frame():
+    # vllm-v1-002: rank 5's traceback cut after get_model: the evidence had been the outer worker_main frame
+    d = _diag(FG / "vllm-v1-002.log")
+    assert (d.klass, d.rule) == ("weights_load_oom", "vllm.traceback.cut")
+    assert "in get_model" in d.root.line.text
