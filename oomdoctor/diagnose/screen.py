@@ -140,8 +140,9 @@ def _header(card: dict, width: int) -> list[str]:
         # a version outside the rules' range: read with the nearest rules
         lines += wrap(f"Caveat: {c['version_caveat']}", width, indent="  ", first="", max_lines=2)
     if c.get("root_cause_in"):       # cascade only: which process's output holds the cause
+        # with no lever to show, the commands that fetch it are the answer: room for them
         lines += wrap(f"The root cause is not in this log. Fetch {c['root_cause_in']}", width, indent="  ", first="",
-                      max_lines=2)
+                      max_lines=2 if card.get("levers") else 4)
     return lines
 
 
@@ -189,8 +190,9 @@ def first_screen(card: dict, card_path: str | None, width: int = WIDTH) -> list[
         sections["why"] = _why(levers[0], width)
         sections["change"] = _change(card, levers[0], width)
     else:
+        fetch = card["classification"].get("root_cause_in")      # said once, in the header, with its commands
         notes = [n for n in card.get("notes", []) if n and n != card.get("summary")
-                 and n != card["classification"].get("version_caveat")]
+                 and n != card["classification"].get("version_caveat") and not (fetch and fetch in n)]
         sections["notes"] = [ln for n in notes for ln in wrap(n, width, indent="  ", first="note: ", max_lines=3)]
     return _fit(sections, _footer(card, card_path, width))
 

@@ -339,3 +339,17 @@ def test_a_cut_tracebacks_evidence_is_its_innermost_frame():
     d = _diag(FG / "vllm-v1-002.log")
     assert (d.klass, d.rule) == ("weights_load_oom", "vllm.traceback.cut")
     assert "in get_model" in d.root.line.text
+
+
+def test_the_500_only_pastes_first_screen_says_once_where_the_cause_is_with_the_commands(tmp_path):
+    from oomdoctor.card.incident import diagnose_log
+    from oomdoctor.diagnose.screen import first_screen
+
+    src = LOGS / "vllm-0.25.1-h200-dawn" / "S1_serve_runtime.log"
+    p = tmp_path / "answers.log"
+    p.write_text("\n".join(t for t in src.read_text(encoding="utf-8").splitlines() if '" 500 Internal' in t) + "\n",
+                 encoding="utf-8")
+    card, _, _ = diagnose_log(p, no_card=True, no_device=True)
+    text = "\n".join(first_screen(dict(card), None, 80))
+    assert text.count("Fetch") == 1 and "note: the root cause is not in this paste" not in text
+    assert "journalctl -u <unit> --no-pager" in text and "…" not in text.split("Evidence")[0]
