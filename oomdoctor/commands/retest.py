@@ -55,7 +55,8 @@ def print_summary(card: CardDict) -> None:
 def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine: str, emulate: str | None,
             emulate_free: str | None, no_emulate: bool, gpu_index: int, timeout_s: float, tolerance: float, as_json: bool,
             trust_card: bool, quiet: bool = False) -> int:
-    """Re-run the workload recorded in CARD with exactly one lever applied.
+    """Re-run the workload recorded in CARD with exactly one lever applied; the attempt is appended to CARD
+    (atomically, under its lock), and its logs go to CARD's .runs/ folder.
 
     Exit 0: the failure is gone and performance passed; 1: it still fails or regressed; 2: bad input;
     3: inconclusive (the run failed for a reason that is not the lever's); 4: a twin prediction (no engine ran).

@@ -136,7 +136,10 @@ def render(card: dict, card_path: str | None, file: Any = None, verbose: bool = 
 
     out = file or sys.stdout
     width = width or min(max(shutil.get_terminal_size((WIDTH, 24)).columns, 60), 120)
-    out.write("\n".join(first_screen(card, card_path, width)) + "\n")
+    screen = first_screen(card, card_path, width)
+    if verbose and screen and screen[-1].endswith(": --verbose"):
+        screen = screen[:-1]          # "More (...): --verbose" is what follows
+    out.write("\n".join(screen) + "\n")
     if not verbose:
         return
     con = Console(file=out, highlight=False, soft_wrap=False, width=width)
