@@ -10,7 +10,7 @@ from oomdoctor.levers.rank import dedupe
 from oomdoctor.levers.record import ACTIVATION_GRAPH_RESERVE, MiB, _h, lever
 from oomdoctor.engines.vllm.defaults import largest_default_batched_tokens
 from oomdoctor.levers.settings import (batch_halved, free_others, larger_gpu, pinned_arena_lever, util_step_down,
-                                       unmeasured_room_warning, util_to_fit_free, window_levers)
+                                       unmeasured_room, unmeasured_room_warning, util_to_fit_free, window_levers)
 
 
 def gen_kv_capacity(c: Ctx) -> list[Lever]:
@@ -172,6 +172,9 @@ def gen_sampler(c: Ctx) -> list[Lever]:
                  f"at most {new} concurrent sequences instead of {mns}", "the warm-up runs max_num_seqs dummy requests",
                  explicit_override="max_num_seqs" in c.explicit, score=10)]
     out[0]["cause"] = True      # the warm-up is sized by max_num_seqs: an explicit value of it is the cause, not a taste
+    room = unmeasured_room(c)
+    if room:
+        out[0]["arithmetic"] += [f"the warm-up runs max_num_seqs ({mns:,}) dummy requests", room]
     if not c.pinned:
         out.append(util_step_down(c, "leave room after the KV cache", 30))
     _and_free_others(c, out, 40)

@@ -211,6 +211,16 @@ def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
                 "next (then max_num_seqs)")
 
 
+def unmeasured_room(c: Ctx) -> str | None:
+    """What a pinned arena leaves beside the weights, which vLLM did not measure (it skips profiling for it), in
+    words; None when nothing is pinned or the figures are not in the log."""
+    pinned, free, weights, _room = _arena_room(c)
+    if not (pinned and free and weights) or free - weights - pinned < 0:
+        return None
+    return (f"vLLM did not profile the pinned KV arena: free {_h(free)} - weights {_h(weights)} - arena {_h(pinned)} "
+            f"leaves {_h(free - weights - pinned)} for the warm-up and activations")
+
+
 def pinned_to_fit(c: Ctx, need: float) -> Lever | None:
     """A pinned KV budget (kv_cache_memory_bytes) too small for one sequence of the window: grow it to what one
     needs, rounded up to 100 MiB — predicted to fit only when the free memory holds it beside the weights and the

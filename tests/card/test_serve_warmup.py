@@ -55,3 +55,9 @@ def test_the_eager_lever_of_a_pinned_arena_says_the_warm_up_can_run_out_next(tmp
     plain = diagnose_log(ROOT / "fixtures" / "logs" / "vllm-0.33.0-formatstrings" / "cuda_graph_oom.log",
                          tmp_path / "d.yaml", no_device=True)[0]["levers"]
     assert plain[0]["id"] == "enforce_eager" and "warning" not in plain[0]["predicted"]
+
+
+def test_the_warmup_levers_why_says_what_the_pinned_arena_left(tmp_path):
+    lv = diagnose_log(LOG, tmp_path / "c.yaml", no_device=True)[0]["levers"][0]
+    assert lv["arithmetic"][0] == "the warm-up runs max_num_seqs (1,024) dummy requests"
+    assert "did not profile the pinned KV arena" in lv["arithmetic"][1] and "544.45 MiB" in lv["arithmetic"][1]
