@@ -216,9 +216,8 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     if replay:
         wl["requests"], wl["requests_source"] = replay
     _parallel(wl, resolved, settings)
-    ranks = _ranks_seen(matches)
-    if ranks > 1 and "parallel" not in wl:
-        wl["parallel"] = {"ranks_seen": ranks}     # a lower bound of the GPUs (TP x PP): the sizes are not in the paste
+    if _ranks_seen(matches) > 1 and "parallel" not in wl:     # a lower bound of the GPUs (TP x PP), sizes unknown
+        wl["parallel"] = {"ranks_seen": _ranks_seen(matches)}
     port = explicit.get("port") or server
     if port:
         wl["port"] = int(port)
@@ -276,12 +275,8 @@ _RANK_RE = re.compile(r"(?:\brank[= ]|_TP|\bTP)(\d{1,4})\b")
 def _ranks_seen(matches: list) -> int:
     """How many worker ranks the process prefixes name ((VllmWorker rank=5 pid=..), (Worker_TP3 pid=..)): rank 5
     means at least 6 GPUs, whatever the paste's other ranks."""
-    top = -1
-    for m in matches:
-        r = _RANK_RE.search(m.line.process or "")
-        if r:
-            top = max(top, int(r.group(1)))
-    return top + 1
+    ranks = (_RANK_RE.search(m.line.process or "") for m in matches)
+    return max((int(r.group(1)) + 1 for r in ranks if r), default=0)
 
 
 def _parallel(wl: Workload, resolved: dict[str, Any], settings: dict[str, Any]) -> None:

@@ -152,7 +152,7 @@ def preemption_counters(ruleset: RuleSet, eng: str | None) -> list[str]:
 
 
 def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, klass: str,
-                   phase_reached: str | None, keep: list[Match]) -> None:
+                   phase_reached: str | None) -> None:
     if source.cut_lines:
         notes.append(f"{len(source.cut_lines)} line(s) longer than 1 MiB were cut (first: line {source.cut_lines[0]})")
     if source.undone:
@@ -162,9 +162,15 @@ def _closing_notes(notes: list[str], source: SourceInfo, root: Match | None, kla
             notes.append("the engine started and served; no memory failure in the log")
         elif phase_reached:
             notes.append(f"no failure found; the log ends in phase '{phase_reached}'")
-    warned = memory_warning_note(keep, root, klass)
+
+
+def memory_warnings(v: Any, keep: list[Match], root: Match | None, notes: list[str]) -> None:
+    """The note on torch's out-of-memory warnings before a failure of another kind, which is then said with medium
+    confidence at most: its own line names its cause, and the memory that ran out may be it."""
+    warned = memory_warning_note(keep, root, v.klass)
     if warned:
         notes.append(warned)
+        v.confidence = "medium" if v.confidence == "high" else v.confidence
 
 
 def memory_warning_note(keep: list[Match], root: Match | None, klass: str) -> str | None:
@@ -226,7 +232,8 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
         v.rule = ruleset.shown_id(v.rule, eng) if v.rule else v.rule
         for e in evidence:
             e["rule"] = ruleset.shown_id(e["rule"], eng)
-    _closing_notes(notes, source, root, v.klass, phase_reached, keep)
+    _closing_notes(notes, source, root, v.klass, phase_reached)
+    memory_warnings(v, keep, root, notes)
     return Diagnosis(
         source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,
         phase=v.phase, type=contract.CLASSES[v.klass]["type"], rule=v.rule, message=v.message, root=root,

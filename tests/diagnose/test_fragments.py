@@ -318,6 +318,7 @@ def test_a_paste_of_only_the_servers_500_answers_says_the_cause_is_above_them(tm
 def test_a_launch_failure_after_torchs_out_of_memory_warnings_keeps_its_class_and_says_memory_ran_out():
     d = _diag(LOGS / "cxx-terminate-quoted" / "launch_failure_after_oom_warnings.log")
     assert d.klass == "not_memory" and "unspecified launch failure" in d.root.line.text
+    assert d.confidence == "medium"          # its own line names its cause; the memory that ran out may be it
     note = next(n for n in d.notes if "CUDA warning: out of memory" in n)
     assert note.startswith("4 torch warning(s)") and "(in destroyEvent)" in note and "lines 2-5" in note
     # the same error without the warnings: no such note
