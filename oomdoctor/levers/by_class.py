@@ -97,9 +97,7 @@ def gen_free_memory(c: Ctx) -> list[Lever]:
 
 def gen_weights(c: Ctx) -> list[Lever]:
     out: list[Lever] = []
-    f = free_others(c, 5, need=c.n.get("tried_to_allocate_bytes"))
-    if f:
-        out.append(f)
+    _and_free_others(c, out, 5, need=c.n.get("tried_to_allocate_bytes"))
     q = c.setting("quantization")
     if q in (None, "None", ""):
         out.append(lever("quantization", {"quantization": "fp8"}, {"outcome": "unknown", "weights_factor": 0.5},
@@ -129,9 +127,7 @@ def gen_kv_alloc(c: Ctx) -> list[Lever]:
         # room outside the budget, rather than no software lever at all
         out.append(util_to_fit_free(c, 20) or util_step_down(
             c, "the KV cache allocation did not fit what was free; the log gives no figure to size it by", 20))
-    f = free_others(c, 30)
-    if f:
-        out.append(f)
+    _and_free_others(c, out, 30)
     out.append(larger_gpu(c, None))
     return out
 
@@ -149,16 +145,17 @@ def gen_cuda_graph(c: Ctx) -> list[Lever]:
         out.append(util_step_down(c, "graph memory that profiling did not estimate must fit outside the budget", 20))
     out.append(lever("cuda_graph_sizes", {"max_cudagraph_capture_size": 64}, {"outcome": "unknown"},
                      "graphs only for batches up to 64 sequences; larger batches run eagerly", "fewer, smaller graphs", score=30))
-    _and_free_others(c, out, 40)
+    _and_free_others(c, out, 40, need=c.n.get("tried_to_allocate_bytes"))
     out.append(larger_gpu(c, None))
     unmeasured_room_warning(c, out)
     return out
 
 
-def _and_free_others(c: Ctx, out: list[Lever], score: float) -> None:
-    """Freeing what the OOM message names as holding the GPU (a co-tenant, a zombie engine), after the class's own
-    levers: the capture, the warm-up and a serving step run out beside it as the start's allocations do."""
-    f = free_others(c, score, need=c.n.get("tried_to_allocate_bytes"))
+def _and_free_others(c: Ctx, out: list[Lever], score: float, need: int | None = None) -> None:
+    """Freeing what the OOM message names as holding the GPU (a co-tenant, a zombie engine), when it names one: at
+    every class's own rank (start-up allocations first; the capture, the warm-up and a serving step, which run out
+    beside it as the start's allocations do, after their own levers)."""
+    f = free_others(c, score, need=need)
     if f:
         out.append(f)
 
@@ -177,7 +174,7 @@ def gen_sampler(c: Ctx) -> list[Lever]:
         out[0]["arithmetic"] += [f"the warm-up runs max_num_seqs ({mns:,}) dummy requests", room]
     if not c.pinned:
         out.append(util_step_down(c, "leave room after the KV cache", 30))
-    _and_free_others(c, out, 40)
+    _and_free_others(c, out, 40, need=c.n.get("tried_to_allocate_bytes"))
     out.append(larger_gpu(c, None))
     return out
 
@@ -188,9 +185,7 @@ def gen_profiling(c: Ctx) -> list[Lever]:
            lever("skip_mm_profiling", {"skip_mm_profiling": True}, {"outcome": "unknown"},
                  "multimodal encoder memory is not reserved: large images can OOM at runtime",
                  "only for multimodal models", score=50)]
-    f = free_others(c, 20)
-    if f:
-        out.append(f)
+    _and_free_others(c, out, 20)
     out.append(larger_gpu(c, None))
     return out
 
@@ -200,9 +195,7 @@ def gen_autotune(c: Ctx) -> list[Lever]:
     # nothing, so nothing is autotuned; a kernel library's autotuner (FlashInfer, FP4) runs in eager mode too
     inductor = c.n.get("compile_autotune_tried_bytes") is not None
     out: list[Lever] = []
-    f = free_others(c, 5, need=c.n.get("tried_to_allocate_bytes"))
-    if f:
-        out.append(f)
+    _and_free_others(c, out, 5, need=c.n.get("tried_to_allocate_bytes"))
     if inductor and not c.setting("enforce_eager"):
         out.append(lever("enforce_eager", {"enforce_eager": True}, {"outcome": "unknown"},
                          "no torch.compile and no CUDA graphs: slower decoding (often 10-30 %)",
@@ -254,7 +247,7 @@ def gen_runtime_oom(c: Ctx) -> list[Lever]:
                      {"outcome": "unknown"}, "fewer concurrent sequences", "smaller decode batches", score=20))
     if not c.pinned:
         out.append(util_step_down(c, "room outside the budget", 30))
-    _and_free_others(c, out, 40)
+    _and_free_others(c, out, 40, need=c.n.get("tried_to_allocate_bytes"))
     out.append(lever("expandable_segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, {"outcome": "unknown"},
                      "none measurable in most workloads", "allocator tuning, only after sizing causes", applies_as="env", score=60))
     return dedupe(out)
