@@ -198,10 +198,11 @@ def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
     the graphs, the warm-up's max_num_seqs dummy requests and the activations get what is left, which nothing
     measured. A lever that only drops the graphs then meets the warm-up (a real served H200 walk, G1: enforce_eager
     → sampler_warmup_oom with 0.78 GiB left, then max_num_seqs 256 passed); the prediction says so."""
-    pinned, free, weights, room = _arena_room(c)
-    if not pinned or room is None or pinned <= room or free - weights - pinned < 0:
+    pinned, _free, _weights, room = _arena_room(c)
+    left = _unmeasured_left(c)
+    if left is None or room is None or pinned <= room:
         return
-    left, mns = free - weights - pinned, int(c.setting("max_num_seqs", 1024) or 1024)
+    mns = int(c.setting("max_num_seqs", 1024) or 1024)
     for lv in levers:
         if lv["id"] in ("enforce_eager", "cuda_graph_sizes"):
             lv["predicted"]["outcome"] = "unknown"      # not "fits" beside a warning that it may not
@@ -211,14 +212,23 @@ def unmeasured_room_warning(c: Ctx, levers: list[Lever]) -> None:
                 "next (then max_num_seqs)")
 
 
-def unmeasured_room(c: Ctx) -> str | None:
-    """What a pinned arena leaves beside the weights, which vLLM did not measure (it skips profiling for it), in
-    words; None when nothing is pinned or the figures are not in the log."""
+def _unmeasured_left(c: Ctx) -> int | None:
+    """What a pinned arena leaves of the free memory beside the weights (vLLM measures none of it: it skips
+    profiling for a pinned arena); None when nothing is pinned, a figure is not in the log, or the arena does not fit."""
     pinned, free, weights, _room = _arena_room(c)
     if not (pinned and free and weights) or free - weights - pinned < 0:
         return None
+    return int(free - weights - pinned)
+
+
+def unmeasured_room(c: Ctx) -> str | None:
+    """``_unmeasured_left`` in words, for a lever's arithmetic."""
+    left = _unmeasured_left(c)
+    if left is None:
+        return None
+    pinned, free, weights, _room = _arena_room(c)
     return (f"vLLM did not profile the pinned KV arena: free {_h(free)} - weights {_h(weights)} - arena {_h(pinned)} "
-            f"leaves {_h(free - weights - pinned)} for the warm-up and activations")
+            f"leaves {_h(left)} for the warm-up and activations")
 
 
 def pinned_to_fit(c: Ctx, need: float) -> Lever | None:
