@@ -216,8 +216,9 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     if replay:
         wl["requests"], wl["requests_source"] = replay
     _parallel(wl, resolved, settings)
-    if _ranks_seen(matches) > 1 and "parallel" not in wl:     # a lower bound of the GPUs (TP x PP), sizes unknown
-        wl["parallel"] = {"ranks_seen": _ranks_seen(matches)}
+    ranks = _ranks_seen(matches)
+    if ranks > 1 and "parallel" not in wl:     # a lower bound of the GPUs (TP x PP), their sizes unknown
+        wl["parallel"] = {"ranks_seen": ranks}
     port = explicit.get("port") or server
     if port:
         wl["port"] = int(port)

@@ -57,8 +57,9 @@ def select_root(roots: list[Match], cascades: list[Match]) -> Match | None:
     pool = primary or [m for m in roots if m.rule.fallback and m.n not in cascade_lines]
     # a traceback's source line that quotes the message ('raise ValueError("No available memory for the cache
     # blocks. "') is not the exception line that the same rule reads right below it
+    at = {(id(m.rule), m.n) for m in pool}          # one pass: a log of many tracebacks stays linear
     pool = [m for m in pool if not (_RAISE_RE.search(m.line.text[:2000]) and any(
-        o.rule is m.rule and 0 < o.n - m.n <= TRACEBACK_TAIL_LINES for o in pool))] or pool
+        (id(m.rule), m.n + d) in at for d in range(1, TRACEBACK_TAIL_LINES + 1)))] or pool
     if not pool:
         return None
     first = pool[0]
