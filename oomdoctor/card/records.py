@@ -28,6 +28,7 @@ class Workload(TypedDict, total=False):
     base_args: dict[str, Any]
     engine_args: dict[str, Any]        # the explicit arguments
     explicit_args: list[str]
+    launch_args: dict[str, Any]        # the user's other explicit arguments (port, host ...; secrets masked)
     resolved: dict[str, Any]           # what the engine resolved them to
     env: dict[str, str]
     requests: Requests

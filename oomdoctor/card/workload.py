@@ -20,7 +20,7 @@ from typing import Any, cast
 from oomdoctor.card.records import Requests, Workload
 from oomdoctor.card.replay import replay_requests
 from oomdoctor.diagnose.read import iter_lines
-from oomdoctor.redact import redact_argv, redact_env
+from oomdoctor.redact import redact_argv, redact_env, redact_obj
 
 HEADER_LINES = 40
 CONFIG_KV_RE = re.compile(r"(?:^|, )(?P<k>[a-z_]+)=(?P<v>[^,{}\[\]]+?)(?=, [a-z_]+=|$)")
@@ -210,6 +210,8 @@ def from_log(path: str | Path, matches: list, engine: str | None) -> Workload:
     }
     if assumed:
         wl["launcher_assumed"] = True
+    if explicit:        # the user's own arguments are known: the screen can give back their whole command
+        wl["launch_args"] = redact_obj({k: v for k, v in explicit.items() if k in NOT_SETTINGS and k != "model_tag"})
     if revealed:
         wl["env_revealed"] = revealed
     replay = replay_requests(matches, settings.get("max_model_len") or resolved.get("max_model_len"))

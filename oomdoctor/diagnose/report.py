@@ -9,7 +9,10 @@ from oomdoctor.units import human_bytes
 
 
 def contract_json(card: dict, card_path: str | None) -> dict:
-    """``diagnose --json``: the contract's keys first, then the rest of what a script may want."""
+    """``diagnose --json``: the contract's keys first, then the rest of what a script may want (each lever's
+    ``paste``: the lines the screen gives to paste, the user's whole command when the card knows it)."""
+    from oomdoctor.diagnose.screen import launcher_text
+
     c = card["classification"]
     out = {
         "classification": {"class": c["class"], "phase": c["phase"], "type": c["type"], "rule": c.get("rule"),
@@ -18,8 +21,9 @@ def contract_json(card: dict, card_path: str | None) -> dict:
                                                          "version_caveat") if k in c}},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
-        "levers": [{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis", "explicit_override",
-                                       "arithmetic") if k in lv} for lv in card["levers"]],
+        "levers": [{**{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis",
+                                          "explicit_override", "arithmetic") if k in lv},
+                    "paste": launcher_text(card, lv)} for lv in card["levers"]],
         "engine": card["engine"],
         "phase_reached": card.get("phase_reached"),
         "summary": card.get("summary", ""),

@@ -83,11 +83,15 @@ def _fmt_change(k: str, v: Any) -> str:
 
 
 def launcher_text(card: dict, lever: dict) -> list[str]:
-    """The lines to paste (``levers.paste``): the flag, keyword argument or variable in the engine's own words."""
-    from oomdoctor.levers.paste import paste_text
+    """The lines to paste (``levers.paste``): the user's whole command with the change when the card knows it, else
+    the flag, keyword argument or variable in the engine's own words."""
+    from oomdoctor.levers.paste import paste_text, whole_command
 
     wl = card.get("workload") or {}
     engine = (card.get("engine") or {}).get("name") or ""
+    whole = whole_command(engine, wl, lever)
+    if whole:
+        return whole
     lines = paste_text(engine, wl.get("launcher"), wl.get("model"), lever)
     if wl.get("launcher_assumed"):        # the paste shows no launcher: `vllm serve` assumed, the offline form beside it
         offline = [t for t in paste_text(engine, "vllm-llm", wl.get("model"), lever) if t not in lines]
@@ -95,16 +99,37 @@ def launcher_text(card: dict, lever: dict) -> list[str]:
     return lines
 
 
+def _pieces(t: str) -> tuple[list[str], str]:
+    """A command cut where it may be continued: before each ``--flag`` (a shell line, continued with `` \\``), or
+    after each ``, `` of a Python call (continued inside its parentheses, nothing to add)."""
+    if t.startswith("LLM("):
+        parts = t.split(", ")
+        return [p + "," for p in parts[:-1]] + parts[-1:], ""
+    head, dots, rest = t.partition(" ... ")
+    if dots:
+        return [head + " ...", rest], " \\"
+    cuts = [m.start() for m in re.finditer(r" --?[A-Za-z]", t)]
+    return [t[a:b].strip() for a, b in zip([0] + cuts, cuts + [len(t)])], " \\"
+
+
 def paste_lines(texts: list[str], width: int, indent: str) -> list[str]:
-    """Lines to paste, never wrapped inside a word: a command too wide for the screen is continued with `` \\``
-    before its flags, as a shell accepts it."""
+    """Lines to paste, never wrapped inside a word: a command too wide for the screen is continued between its
+    arguments, as a shell (`` \\``) or Python (inside the call's parentheses) accepts it."""
     out = []
     for t in texts:
-        if len(indent) + len(t) <= width or " ... " not in t:
+        if len(indent) + len(t) <= width or t.startswith("#"):
             out.append(indent + t)
             continue
-        head, flags = t.split(" ... ", 1)
-        out += [f"{indent}{head} ... \\", f"{indent}  {flags}"]
+        pieces, cont = _pieces(t)
+        lines = [pieces[0]]
+        for p in pieces[1:]:
+            pad = indent if len(lines) == 1 else indent + "  "
+            if len(pad) + len(lines[-1]) + 1 + len(p) + len(cont) <= width:
+                lines[-1] = f"{lines[-1]} {p}"
+            else:
+                lines.append(p)
+        out += [(indent if i == 0 else indent + "  ") + ln + (cont if i < len(lines) - 1 else "")
+                for i, ln in enumerate(lines)]
     return out
 
 

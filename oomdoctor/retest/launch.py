@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from oomdoctor import __version__
 from oomdoctor.card.records import Workload
 from oomdoctor.device import nvml as devmod
+from oomdoctor.engines.vllm.argv import serve_argv
 from oomdoctor.errors import BadInput, OomdoctorError
 from oomdoctor.paths import SOURCE_ROOT
 from oomdoctor.redact import redact_argv, redact_env
@@ -36,17 +37,8 @@ def free_port() -> int:
 
 
 def _flags(args: dict[str, Any]) -> list[str]:
-    """``vllm serve`` flags for engine arguments (booleans as --x / --no-x, dicts and lists as JSON)."""
-    argv: list[str] = []
-    for k, v in sorted(args.items()):
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            argv.append(flag if v else "--no-" + k.replace("_", "-"))
-        elif isinstance(v, (dict, list)):
-            argv += [flag, json.dumps(v)]
-        elif v is not None:
-            argv += [flag, str(v)]
-    return argv
+    """``vllm serve`` flags for engine arguments, sorted by name (THE writer: engines/vllm/argv.py)."""
+    return serve_argv(dict(sorted(args.items())))
 
 
 def launch_argv(wl: Workload, port: int | None = None) -> list[str]:

@@ -94,19 +94,21 @@ def test_a_fail_the_change_is_the_offline_kwarg_with_its_exact_value() -> None:
     text = "\n".join(lines)
     assert lines[-2:] == ["Next: oomdoctor retest incidents/a.yaml", "More (5 levers, numbers, ledger, device): --verbose"]
     assert "Change ONE thing: max_model_len 4,000,000 → 1,998,848" in lines
-    assert "  LLM(..., max_model_len=1998848)" in lines       # the log's start was an offline LLM(...) call
+    # the log's start was an offline LLM(...) call, whose arguments its "non-default args" line gives: the whole call
+    assert "  LLM(model='/root/model', max_model_len=1998848)" in lines
     assert "Evidence (line 57, EngineCore pid=1098):" in lines
     assert "(EngineCore pid=1098) ERROR" not in text          # the message, not its logging header
     assert "aligned down to a multiple of 1024: 1,998,848" in text
 
 
-def test_a_served_start_gets_the_vllm_serve_flag() -> None:
+def test_a_served_start_gets_its_whole_vllm_serve_command_with_the_flag_last() -> None:
     card = _card(LOGS / "vllm-0.25.1-h200" / "Eserve_pass.log")
     lever = card["levers"][0]
     (setting, value), = lever["change"].items()
     flag = "--" + setting.replace("_", "-") + f" {value}"
     lines = first_screen(card, None, WIDTH)
-    assert f"  vllm serve {card['workload']['model']} ... {flag}" in lines
+    i = lines.index("  vllm serve /root/model --port 8012 --max-model-len 32768 --max-num-seqs 64 \\")
+    assert lines[i + 1] == f"    {flag}" and all(len(ln) <= WIDTH for ln in lines)
 
 
 def test_a_paste_without_its_launcher_gets_the_serve_flag_and_the_offline_form_beside_it() -> None:
@@ -132,7 +134,7 @@ def test_a_launcher_the_log_shows_is_not_assumed(log: str, launcher: str) -> Non
 def test_a_long_serve_line_is_continued_not_wrapped() -> None:
     card = _card(LOGS / "vllm-0.33.0-formatstrings" / "kv_preemption.log")
     lines = first_screen(card, None, WIDTH)
-    i = lines.index("  vllm serve meta-llama/Llama-3.1-8B-Instruct ... \\")
+    i = lines.index("  vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 256 \\")
     assert lines[i + 1] == "    --kv-cache-memory-bytes 17179869184"
 
 
@@ -169,7 +171,7 @@ def test_the_cli_prints_the_first_screen_and_verbose_the_rest(cli, tmp_path) -> 
     full = cli("diagnose", log, "--no-device", "--out", tmp_path / "b.yaml", "--verbose")
     assert short.rc == full.rc == 0
     assert len(short.out.splitlines()) <= HEIGHT
-    assert "  LLM(..., gpu_memory_utilization=0.27)" in short.out.splitlines()
+    assert "  LLM(model='/root/model', max_model_len=32768, gpu_memory_utilization=0.27)" in short.out.splitlines()
     card = str(tmp_path / "b.yaml")
     assert len("Next: oomdoctor retest " + card) > WIDTH           # a long path goes whole on its own line
     assert f"Next: oomdoctor retest \\\n  {card}\n" in short.out
@@ -222,7 +224,7 @@ def test_the_worst_case_gives_up_arithmetic_and_evidence_never_the_change() -> N
                                       "  · tokens that fit = 124.52 GiB x (1 - 0.02) / 65,536 B = 1,999,338 (within",
                                       "  … (the rest: --verbose)"]         # _fit took one more line of arithmetic
     i = lines.index("Change ONE thing: max_model_len 4,000,000 → 1,998,848")
-    assert lines[i + 1].endswith(" ... \\") and lines[i + 2] == "    --max-model-len 1998848"
+    assert lines[i + 1].endswith(" \\") and lines[i + 2].endswith(" --max-model-len 1998848")
     assert lines[-3:-1] == ["Next: oomdoctor retest \\", "  /var/lib/oomdoctor/incidents/" + "x" * 60 + ".yaml"]
 
 
@@ -259,7 +261,7 @@ def test_the_command_a_paste_quotes_gives_the_model_the_settings_and_the_launche
     assert "launcher_assumed" not in wl
     lines = first_screen(card, None, WIDTH)
     assert "Change ONE thing: gpu_memory_utilization 0.4 → 0.45" in lines       # the explicit low value: the cause
-    assert "  vllm serve Qwen/Qwen3-8B ... --gpu-memory-utilization 0.45" in lines
+    assert "  vllm serve Qwen/Qwen3-8B --gpu-memory-utilization 0.45" in lines      # the quoted command, changed
 
 
 def test_the_engines_own_arguments_line_wins_over_a_quoted_command(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""THE vLLM command-line reader: ``vllm serve MODEL --flag value ...`` → options, one parser for every stage.
+"""THE vLLM command-line reader: ``vllm serve MODEL --flag value ...`` → options, one parser for every stage; and
+its writer (:func:`serve_argv`: options → the flags a retest launches and the screen gives back to paste).
 
 The gate (serve scripts), ``oomdoctor record -- vllm serve ...`` (the workload) and the plugin (which fields a
 command line set) all read vLLM's arguments here, so that ``-tp 2``, ``--no-x``, ``--flag=value``, bare
@@ -39,6 +40,23 @@ SERVE_MODULES = ("vllm.entrypoints.openai.api_server",)
 SERVE_CLI_MODULES = ("vllm.entrypoints.cli.main",)
 
 Pair = tuple[str, Any]
+
+
+def serve_argv(args: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for engine arguments, in their order: a bool as ``--x-y`` / ``--no-x-y``, a list as the
+    words of an nargs='+' flag, a dict as JSON; None is left out."""
+    argv: list[str] = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            argv.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, (list, tuple)):
+            argv += [flag] + [json.dumps(x) if isinstance(x, (dict, list)) else str(x) for x in v]
+        elif isinstance(v, dict):
+            argv += [flag, json.dumps(v)]
+        elif v is not None:
+            argv += [flag, str(v)]
+    return argv
 
 
 def size_arg(v: Any, where: str) -> int:
