@@ -19,7 +19,8 @@ def build_card(log: Path, diag: Any, device_state: dict, extra_notes: list[str] 
     # levers are settings of the log's engine: with no engine recognised (a paste of one OOM line that several engines
     # print alike) none is proposed, and the card says how to name the engine
     levers = levermod.propose(diag.klass, nums, wl, device_state, [], allowed=diag.levers or None,
-                               engine=diag.engine) if diag.engine or not diag.is_memory_failure else []
+                               engine=diag.engine, version=diag.engine_version) \
+        if diag.engine or not diag.is_memory_failure else []
     if diag.engine is None and diag.is_memory_failure:
         diag.notes.append("no engine recognised: no lever proposed (levers are an engine's settings); pass --engine "
                           "ENGINE to get them")

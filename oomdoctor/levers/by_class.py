@@ -22,7 +22,7 @@ def gen_kv_capacity(c: Ctx) -> list[Lever]:
             if w and c.total and c.total * c.util < w * 1.5:
                 # the budget (total x util) does not even hold the weights: utilization IS the constraint
                 u["cause"] = True
-                u["arithmetic"].insert(0, f"budget {_h(c.total * c.util)} (total x {c.util}) < 1.5 x weights {_h(w)}")
+                u["arithmetic"].insert(0, f"budget {_h(c.total * c.util)} (total x {c.util_said}) < 1.5 x weights {_h(w)}")
                 u["_score"] = 5
             u["predicted"]["outcome"] = "fits" if u.get("cause") else u["predicted"]["outcome"]
             out.append(u)
@@ -53,8 +53,8 @@ def no_room_levers(c: Ctx, have: list[Lever]) -> list[Lever]:
                          "the engine takes more of the GPU: only where that memory is free (the start-up check says so)",
                          "vLLM's own advice: the memory left for the cache at this utilization is none", score=30,
                          explicit_override="gpu_memory_utilization" in c.explicit,
-                         arithmetic=[f"gpu_memory_utilization {c.util} → {new}: {new - c.util:.2f} of the GPU more "
-                                     "for the cache"]))
+                         arithmetic=[f"gpu_memory_utilization {c.util_said} → {new}: {new - c.util:.2f} of the GPU "
+                                     "more for the cache"]))
         # an explicit utilization under vLLM's defaults (0.9, 0.92) is what left no room (vLLM's message: "Try
         # increasing `gpu_memory_utilization`"): the first suspect, not a setting to leave alone
         out[-1]["cause"] = c.util < 0.9

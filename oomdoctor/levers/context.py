@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from oomdoctor.card.records import Attempt, Workload
-from oomdoctor.levers.record import VLLM_DEFAULT_UTIL
+from oomdoctor.engines.vllm.defaults import default_utilization, utilization_assumed
 
 
 #: outcomes of attempts that do not count as a tried lever (and whose change a retest never keeps)
@@ -21,8 +21,9 @@ class Ctx:
     """What a lever generator may read."""
 
     def __init__(self, klass: str, numbers: dict[str, Any], workload: Workload, device: dict[str, Any],
-                 attempts: list[Attempt]):
+                 attempts: list[Attempt], version: str | None = None):
         self.klass = klass
+        self.version = version          # the engine's version the log names (None: not named)
         self.n = numbers
         self.wl: Workload = workload or {}
         self.device = device or {}
@@ -50,8 +51,17 @@ class Ctx:
 
     @property
     def util(self) -> float:
-        v = self.args.get("gpu_memory_utilization", self.n.get("gpu_memory_utilization", VLLM_DEFAULT_UTIL))
-        return float(v)
+        """The utilization the engine ran with: the user's, the log's, else vLLM's default for the log's version."""
+        v = self.args.get("gpu_memory_utilization", self.n.get("gpu_memory_utilization"))
+        return float(v) if v is not None else default_utilization(self.version)
+
+    @property
+    def util_said(self) -> str:
+        """``c.util`` as an arithmetic line writes it: a default guessed for want of a version says so."""
+        if "gpu_memory_utilization" in self.args or "gpu_memory_utilization" in self.n \
+                or not utilization_assumed(self.version):
+            return f"{self.util}"
+        return f"{self.util} (vLLM's default since 0.20; 0.9 before: the log names no version)"
 
     @property
     def total(self) -> int | None:

@@ -28,10 +28,10 @@ __all__ = ["CAUSE_SETTING", "GENERATORS", "Ctx", "propose"]
 
 def propose(klass: str, numbers: dict, workload: Workload | None = None, device: dict | None = None,
             attempts: list[Attempt] | None = None, allowed: list[str] | None = None,
-            engine: str | None = None) -> list[Lever]:
-    """Ranked levers for a diagnosis of ``engine`` (vLLM when not known); ``[0]`` is the one to try first. Empty for
-    non-memory classes."""
-    c = Ctx(klass, numbers, workload or {}, device or {}, attempts or [])
+            engine: str | None = None, version: str | None = None) -> list[Lever]:
+    """Ranked levers for a diagnosis of ``engine`` (vLLM when not known) of ``version`` (None: the log names none);
+    ``[0]`` is the one to try first. Empty for non-memory classes."""
+    c = Ctx(klass, numbers, workload or {}, device or {}, attempts or [], version)
     launcher = (workload or {}).get("launcher")
     if engine and engine != "vllm" and has_own_levers(engine):
         levers = [lv for lv in dedupe(propose_engine(engine, c, launcher)) if not c.tried(lv["id"], lv["change"])]

@@ -8,7 +8,6 @@ from oomdoctor.units import human_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
-VLLM_DEFAULT_UTIL = 0.92
 ACTIVATION_GRAPH_RESERVE = GiB  # assumed activations + CUDA graphs when the arena is pinned and nothing measured
 WINDOW_MARGIN = 0.02           # keep 2 % of the KV budget free when sizing a window
 

@@ -31,7 +31,7 @@ def util_to_fit_free(c: Ctx, score: float) -> Lever | None:
     requested = math.ceil(total * new)
     pinned = c.pinned
     rel = ">" if math.ceil(total * c.util) > free else "<="
-    ar = [f"vLLM requests ceil(total x util): {_h(total)} x {c.util} = {_h(math.ceil(total * c.util))} {rel} free {_h(free)}",
+    ar = [f"vLLM requests ceil(total x util): {_h(total)} x {c.util_said} = {_h(math.ceil(total * c.util))} {rel} free {_h(free)}",
           f"largest util with {CHECK_KEEP_BACK:.0%} of free kept back: floor(free x {1 - CHECK_KEEP_BACK} / total, 2) = {new}",
           f"requested at {new}: {_h(requested)} <= free {_h(free)}"]
     if pinned:
@@ -155,7 +155,7 @@ def window_levers(c: Ctx) -> list[Lever]:
                 "less memory left for anything else on the GPU",
                 "free memory allows it: floor(free x 0.98 / total, 2)",
                 explicit_override="gpu_memory_utilization" in c.explicit,
-                arithmetic=[f"util {c.util} → {max_util}: + {_h(gain)} of KV budget"], score=(25 if ok else 70)))
+                arithmetic=[f"util {c.util_said} → {max_util}: + {_h(gain)} of KV budget"], score=(25 if ok else 70)))
     grow = pinned_to_fit(c, need)
     if grow:
         out.append(grow)

@@ -84,7 +84,8 @@ def next_levers(card: CardDict, attempt: Attempt, new: "Diagnosis", gone: bool, 
     src_class = new.klass if moved_on else card["classification"]["class"]
     src_nums = new.numbers if moved_on else card.get("numbers", {})
     allowed = (new.levers if moved_on else None) or None
-    levers = levermod.propose(src_class, src_nums, wl_now, device, attempts_so_far, allowed=allowed)
+    levers = levermod.propose(src_class, src_nums, wl_now, device, attempts_so_far, allowed=allowed,
+                              version=(card.get("engine") or {}).get("version"))
     return chain_first(levers, attempt) if moved_on else levers
 
 

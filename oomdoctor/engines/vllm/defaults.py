@@ -96,6 +96,27 @@ DEFAULTS_BY_VERSION: dict[str, VersionDefaults] = {
 DEFAULT_ENGINE_VERSION = "0.25.1"
 
 
+#: vLLM's default gpu_memory_utilization before 0.20.0: 0.9 (``CacheConfig``: 0.19.1 ``config/cache.py:41``
+#: ``Field(default=0.9, gt=0, le=1)``, 0.11.0 and 0.8.5 alike); 0.20.0 made it 0.92 (``config/cache.py:66``), the value
+#: of every row above. ``EngineArgs`` takes CacheConfig's, so the ``--gpu-memory-utilization`` flag changed with it.
+UTILIZATION_BEFORE_0_20 = 0.9
+UTILIZATION_CHANGED_IN = (0, 20, 0)
+
+
+def default_utilization(version: str | None) -> float:
+    """vLLM's own gpu_memory_utilization for ``version``: 0.9 before 0.20.0, else its row's (0.92). An unknown
+    version gets the row's: :func:`utilization_assumed` says when that was a guess."""
+    key = _version_key(version) if version else None
+    if key is not None and key < UTILIZATION_CHANGED_IN:
+        return UTILIZATION_BEFORE_0_20
+    return defaults_for(version).gpu_memory_utilization
+
+
+def utilization_assumed(version: str | None) -> bool:
+    """True when the default utilization is a guess: no version is known, so 0.92 (0.20.0 on) may be 0.9."""
+    return _version_key(version) is None if version else True
+
+
 def largest_default_batched_tokens() -> int:
     """The largest max_num_batched_tokens any known version picks by itself (any card, either usage context)."""
     return max(max(r.serve[0], r.llm[0]) for d in DEFAULTS_BY_VERSION.values() for r in d.batch_rules)

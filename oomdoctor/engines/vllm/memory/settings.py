@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from oomdoctor.engines.vllm.defaults import (CUDA_CONTEXT_BYTES, DEFAULT_ENGINE_VERSION, SUPPORTED_ENGINE_VERSIONS,
-                                             defaults_for)
+                                             default_utilization, defaults_for)
 from oomdoctor.engines.vllm.memory.common import DEFAULT_DRIVER_RESERVED_BYTES, DRIVER_RESERVED_BYTES, positive_int
 from oomdoctor.engines.vllm.memory.kv_specs import kv_format
 from oomdoctor.engines.vllm.memory.model import ModelInfo
@@ -70,7 +70,7 @@ def _memory(gpu_memory_bytes: int, free_bytes: int | None, gpu_name: str) -> tup
 
 
 def _utilization(gpu_memory_utilization: float | None, version: str) -> float:
-    util = defaults_for(version).gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    util = default_utilization(version) if gpu_memory_utilization is None else gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not (0 < util <= 1):
         raise BadInput(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
     return float(util)
