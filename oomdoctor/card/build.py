@@ -1,10 +1,40 @@
 """The card stage: a diagnosis, its workload, device state and levers become one incident card."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, cast
 
 from oomdoctor.card.records import CardDict
+
+#: units of a number whose byte count is exact as printed; any other unit (GiB, MiB, a "size" with its unit) means
+#: the log rounded it and the bytes are rebuilt from its digits
+_EXACT_UNITS = frozenset({"b", "int", "count", "tokens", "float", "ratio", "percent", "seconds", "str"})
+_SIZE_TEXT = re.compile(r"\s{0,4}[\d.,]{1,32}\s{0,4}([KMGTPE]i?B?|[kmgtpe]i?b)\s{0,4}")
+
+
+def printed_figures(matches: list, numbers_source: dict[str, int]) -> dict[str, str]:
+    """The byte numbers the log printed in a unit larger than a byte, as it printed them (``124.52 GiB``): their
+    byte counts are rebuilt from the printed digits, exact only to those (the screen writes them with ≈)."""
+    by_line: dict[int, list] = {}
+    for m in matches:
+        by_line.setdefault(m.n, []).append(m)
+    out: dict[str, str] = {}
+    for k, n in numbers_source.items():
+        if not k.endswith("_bytes"):
+            continue
+        for m in by_line.get(n, []):
+            spec = next((s for s in m.rule.numbers if s.name == k), None)
+            raw = m.groups.get(spec.group) if spec is not None else None
+            if spec is None or raw is None:
+                continue
+            if spec.unit == "size":
+                if _SIZE_TEXT.fullmatch(raw):
+                    out[k] = raw.strip()
+            elif spec.unit.lower() not in _EXACT_UNITS:
+                out[k] = f"{raw.strip()} {spec.unit}"
+            break
+    return out
 
 
 def build_card(log: Path, diag: Any, device_state: dict, extra_notes: list[str] | None = None) -> CardDict:
@@ -39,6 +69,7 @@ def build_card(log: Path, diag: Any, device_state: dict, extra_notes: list[str] 
         evidence=diag.evidence,
         numbers=nums,
         numbers_source=diag.numbers_source,
+        numbers_printed=printed_figures(diag.matches, diag.numbers_source),
         numbers_by_process=diag.numbers_by_process,
         device=device_state,
         log_device=log_device_statements(nums, diag.numbers_source),

@@ -130,6 +130,7 @@ class CardDict(TypedDict, total=False):
     evidence: list[dict[str, Any]]
     numbers: dict[str, Any]
     numbers_source: dict[str, Any]
+    numbers_printed: dict[str, str]    # byte numbers the log printed rounded (``124.52 GiB``): their bytes are rebuilt
     numbers_by_process: dict[str, Any]
     device: dict[str, Any]
     log_device: list[Any]

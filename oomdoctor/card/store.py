@@ -47,6 +47,7 @@ class Card:
     summary: str = ""
     phase_reached: str | None = None
     numbers_source: dict = field(default_factory=dict)
+    numbers_printed: dict = field(default_factory=dict)     # byte numbers the log rounded, as it printed them
     numbers_by_process: dict = field(default_factory=dict)
     log_device: list = field(default_factory=list)
     runtime: dict = field(default_factory=dict)
@@ -60,10 +61,10 @@ class Card:
         d = asdict(self)
         d.pop("_extra", None)
         order = ["schema", "oomdoctor_version", "id", "created_at", "summary", "source", "engine", "classification",
-                 "phase_reached", "evidence", "numbers", "numbers_source", "numbers_by_process", "device", "log_device",
-                 "workload", "levers", "runtime", "notes", "attempts"]
+                 "phase_reached", "evidence", "numbers", "numbers_source", "numbers_printed", "numbers_by_process",
+                 "device", "log_device", "workload", "levers", "runtime", "notes", "attempts"]
         out = {k: d[k] for k in order if k in d}
-        for k in ("numbers_by_process", "runtime"):
+        for k in ("numbers_printed", "numbers_by_process", "runtime"):
             if not out.get(k):
                 out.pop(k, None)
         return out

@@ -21,6 +21,7 @@ def contract_json(card: dict, card_path: str | None) -> dict:
                                                          "version_caveat") if k in c}},
         "evidence": [{k: e[k] for k in ("line", "text", "rule", "role", "process") if k in e} for e in card["evidence"]],
         "numbers": card["numbers"],
+        "numbers_printed": card.get("numbers_printed") or {},
         "levers": [{**{k: lv[k] for k in ("id", "change", "flag", "predicted", "cost", "rank", "basis",
                                           "explicit_override", "arithmetic") if k in lv},
                     "paste": launcher_text(card, lv)} for lv in card["levers"]],
@@ -41,11 +42,13 @@ def contract_json(card: dict, card_path: str | None) -> dict:
     return out
 
 
-def _fmt_num(k: str, v: Any) -> str:
+def _fmt_num(k: str, v: Any, printed: str | None = None) -> str:
+    """A number as the tables write it; a byte count the log printed rounded (``printed``: ``124.52 GiB``) is given
+    as printed, its rebuilt bytes with ≈."""
     if isinstance(v, bool):
         return "yes" if v else "no"
     if k.endswith("_bytes") and isinstance(v, (int, float)):
-        return f"{human_bytes(v)} ({int(v):,} B)"
+        return f"{printed} (≈ {int(v):,} B)" if printed else f"{human_bytes(v)} ({int(v):,} B)"
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
@@ -66,9 +69,13 @@ def _evidence(con: Any, card: dict) -> None:
         con.print(t)
     if card["numbers"]:
         t = Table(title="Numbers (from the log)", show_header=False, expand=False, title_justify="left")
+        t.add_column(overflow="ellipsis")
+        t.add_column(no_wrap=True)          # a figure is never cut: the name gives way
+        t.add_column(no_wrap=True)
         for k, v in card["numbers"].items():
             src = card.get("numbers_source", {}).get(k)
-            t.add_row(Text(k), Text(_fmt_num(k, v)), f"line {src}" if src else "")
+            t.add_row(Text(k), Text(_fmt_num(k, v, (card.get("numbers_printed") or {}).get(k))),
+                      f"line {src}" if src else "")
         con.print(t)
 
 
