@@ -85,6 +85,18 @@ def _twin(card_path: Path, attempt: Attempt, lever: Lever, p: Plan) -> tuple[int
     return exit_code(written["outcome"]), written, after     # 4: a prediction, never a pass
 
 
+def _ran_for_real(card: CardDict, fp: str, p: Plan) -> Attempt | None:
+    """The last real attempt that ran this very configuration (same fingerprint, same emulated free memory, same
+    target device) to a verdict: a twin prediction of the same start would only repeat it, less well."""
+    for a in reversed(card.get("attempts") or []):
+        if ((a.get("engine") or {}).get("mode") == "real" and a.get("config_fingerprint") == fp
+                and a.get("outcome") in ("pass", "fail", "regressed")
+                and a.get("emulate_free_bytes") == p.emulate_free_bytes
+                and (p.target_device is None or a.get("target_device") == p.target_device)):
+            return a
+    return None
+
+
 def _memory_back(st: dict[str, Any], gpu_index: int, memory_timeout_s: float, progress: Callable[[str], None],
                  baseline_free: int | None) -> int | None:
     """Refuse to run on a GPU that others still use (unless OOMDOCTOR_ALLOW_BUSY_GPU); the free memory to return to."""
@@ -238,6 +250,11 @@ def retest(card_path: Path, lever_id: str | None = None, next_: bool = False, dr
         say(f"expected: {chain['text']}")
     say(f"engine mode: {mode}; config fingerprint {fp[:19]}…")
     say(f"command: {shlex.join(redact_argv(p.argv))}")
+    proven = _ran_for_real(card, fp, p) if mode == "twin" else None
+    if proven is not None:          # the real engine has the answer: a prediction of it adds nothing to the card
+        say(f"attempt {proven.get('n')} ran this configuration on the real engine ({proven.get('outcome')}, "
+            f"{proven.get('at')}): that is the answer, not a prediction; nothing appended")
+        return exit_code(str(proven.get("outcome"))), {**proven, "twin_not_run": True}, card
     if dry_run:
         return 0, {"dry_run": True, "lever": lever["id"], "change": lever.get("change", {}), "argv": redact_argv(p.argv),
                    "description": p.description, "config_fingerprint": fp, "mode": mode,

@@ -3,6 +3,7 @@ the attempt is recorded atomically, the next lever is proposed, and a killed ret
 timeout) leaves no process alive and no half-written card."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,23 @@ def test_twin_is_labelled_a_prediction(tmp_path: Path) -> None:
     a = cardmod.load_dict(card)["attempts"][-1]
     assert a["engine"]["mode"] == "twin" and a["outcome"] == "predicted_pass"
     assert any("PREDICTION" in n for n in a["notes"])
+
+
+@pytest.mark.slow
+def test_twin_does_not_re_predict_what_the_real_engine_ran(tmp_path: Path) -> None:
+    # the real engine passed lever #1; a twin of the same configuration answers with that run and appends nothing
+    card, _ = make_card(tmp_path)
+    assert run_cli("retest", str(card), "--engine", "real", "--trust-card").returncode == 0
+    text = card.read_text()
+    r = run_cli("retest", str(card), "--engine", "twin", "--json")
+    assert r.returncode == 0, r.stderr                # the real run's verdict, not a prediction's 4
+    assert "attempt 1 ran this configuration on the real engine (pass" in r.stderr and "nothing appended" in r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["n"] == 1 and shown["engine"]["mode"] == "real" and shown["twin_not_run"] is True
+    assert card.read_text() == text
+    # another configuration (the next lever) is still predicted
+    r = run_cli("retest", str(card), "--engine", "twin", "--lever", "kv_cache_dtype")
+    assert r.returncode == 4 and cardmod.load_dict(card)["attempts"][-1]["engine"]["mode"] == "twin"
 
 
 @pytest.mark.slow
