@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -28,7 +27,8 @@ from oomdoctor.diagnose.rules import RuleSet, anchors_of, version_in
 from oomdoctor.diagnose.rulespec import nearest_covered
 from oomdoctor.diagnose.match import Match, Matched, choose_engine, match_lines
 from oomdoctor.diagnose.phase import FRAME_WINDOW, frame_names, settle_hint
-from oomdoctor.diagnose.verdict import Verdict, _is_cut_reading, class_of, classify_root, decide, select_root
+from oomdoctor.diagnose.ignored import drop_after_stop, drop_ignored
+from oomdoctor.diagnose.verdict import Verdict, class_of, classify_root, decide, select_root
 from oomdoctor.diagnose.signals import RuntimeTracker
 from oomdoctor.diagnose.scan import GREP_OUT_OF_MEMORY, PARALLEL_MIN_COMPRESSED, _grep_for, scan_blocks
 
@@ -82,42 +82,6 @@ class Diagnosis:
         if self.version_caveat:
             out["version_caveat"] = self.version_caveat
         return out
-
-
-# ----------------------------------------------------------------------------- ignored exceptions
-IGNORED_WINDOW = 200         # how far an "ignored" report's traceback may run before its exception line
-
-
-def drop_ignored(matches: list[Match]) -> list[Match]:
-    """Take out the exceptions a report says were ignored (``role: ignored`` rules: CPython's unraisable report
-    ``Exception ignored in: <function X.__del__ ...>``): the traceback after such a line, in the same process, and its
-    exception line are not a failure of the run. Its frames (and a cut-traceback reading of them) are dropped, and
-    so are the roots and cascades on the first error line after it, which ends the report; any other match ends it
-    too (nothing is dropped from there on), and so does the end of a window of IGNORED_WINDOW lines (an exit-time
-    traceback is short: a report whose exception line no rule reads must not swallow a later failure for long).
-    A failure printed before the report, or after it, stays."""
-    marks = [m for m in matches if m.rule.role == "ignored"]
-    if not marks:
-        return matches
-    order = sorted(range(len(matches)), key=lambda i: matches[i].n)
-    lines = [matches[i].n for i in order]
-    drop: set[int] = set()
-    for mark in marks:
-        end: int | None = None
-        for i in order[bisect_right(lines, mark.n):]:
-            m = matches[i]
-            if m.n - mark.n > IGNORED_WINDOW or (end is not None and m.n > end):
-                break
-            if m.line.process != mark.line.process:
-                continue
-            if m.rule.role == "frame" or (m.rule.role == "root" and _is_cut_reading(m)):
-                drop.add(i)
-            elif m.rule.role in ("root", "cascade"):
-                drop.add(i)
-                end = m.n                   # the exception line: every root/cascade on it goes, then the report ends
-            else:
-                break
-    return [m for i, m in enumerate(matches) if i not in drop]
 
 
 # ----------------------------------------------------------------------------- main
@@ -216,7 +180,7 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
     if metrics_text is not None:
         runtime.add_metrics(metrics_text, preemption_counters(ruleset, eng))
 
-    keep = drop_ignored(keep)
+    keep, stopped = drop_after_stop(drop_ignored(keep))
     milestones = [m for m in keep if m.rule.role == "milestone"]
     root, v = decide(keep, runtime, notes, settle_lines(ruleset, eng, rver), root_rules_of(ruleset, fam, rver))
     if caveat and v.confidence == "high":
@@ -233,6 +197,7 @@ def diagnose_matched(found: Matched, ruleset: RuleSet, source: SourceInfo, engin
         for e in evidence:
             e["rule"] = ruleset.shown_id(e["rule"], eng)
     _closing_notes(notes, source, root, v.klass, phase_reached)
+    notes.extend(filter(None, [stopped]))       # the engine was stopped by a signal: said after what it did
     memory_warnings(v, keep, root, notes)
     return Diagnosis(
         source=source, engine=eng, engine_version=ver, engine_version_line=ver_line, klass=v.klass,

@@ -24,7 +24,7 @@ from oomdoctor.diagnose.rulespec import (MATCH_CHARS, EngineSpec, NumberSpec, Pa
                                          parse_version, version_in)
 from oomdoctor.units import UNIT_BYTES
 
-ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "ignored")
+ROLES = ("root", "cascade", "milestone", "frame", "signal", "info", "serving", "ignored", "stopped")
 NUMBER_UNITS = set(UNIT_BYTES) | {"int", "tokens", "count", "float", "ratio", "percent", "seconds", "str", "size"}
 RULE_KEYS = {"id", "engine", "versions", "title", "role", "class", "class_by_phase", "phase", "reaches",
              "priority", "fallback", "message", "patterns", "numbers", "levers", "tests", "references", "status",

@@ -1,5 +1,5 @@
 """CPython's unraisable report ("Exception ignored in: %R", role ``ignored``): the exception after it is no root, a
-failure before or after it stays (classify.drop_ignored). Lines from fixtures/logs/vllm-accel-formatstrings/."""
+failure before or after it stays (diagnose/ignored.py drop_ignored). Lines from fixtures/logs/vllm-accel-formatstrings/."""
 from __future__ import annotations
 
 from pathlib import Path
