@@ -69,6 +69,9 @@ def command(card: Path, lever_id: str | None, next_: bool, dry_run: bool, engine
                                 progress=(lambda _s: None) if quiet else None)
     if as_json:
         sys.stdout.write(json.dumps(attempt, indent=2, default=str) + "\n")
+    elif dry_run and attempt.get("twin_not_run"):
+        click.echo(f"dry run: attempt {attempt.get('n')} already ran this configuration on the real engine "
+                   f"({attempt.get('outcome')}); the twin would predict nothing")
     elif dry_run and attempt.get("mode") == "twin":
         click.echo("dry run: the twin engine (the memory model) would predict this change; no engine would run")
     elif dry_run:

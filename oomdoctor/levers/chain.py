@@ -16,6 +16,7 @@ from oomdoctor.card.records import CardDict, Lever
 from oomdoctor.engines.vllm.memory.prediction import same_step
 from oomdoctor.errors import BadInput
 from oomdoctor.levers.modelcheck import PLAN_ARGS, _device, _settings
+from oomdoctor.units import human_bytes
 
 MAX_STEPS = 3
 OWN_WORDS = {"fits": "fits", "passes_startup_check": "passes the start-up check", "short": "falls short",
@@ -63,8 +64,14 @@ def _run(model: str, card: CardDict, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fits_text(r: Mapping[str, Any]) -> str:
-    return (f"then the start fits: {r.get('kv_tokens') or 0:,} tokens of KV cache for a "
+    text = (f"then the start fits: {r.get('kv_tokens') or 0:,} tokens of KV cache for a "
             f"{r.get('max_model_len') or 0:,}-token window")
+    warm = r.get("warmup") or {}
+    if warm.get("at_the_edge"):      # a pinned arena's warm-up with less to spare than the allocator has been seen to lose
+        text += (f" (the warm-up of {warm['requests']:,} dummy requests after the pinned arena has "
+                 f"{human_bytes(warm['headroom_bytes'])} to spare: the allocator's fragmentation, up to 173 MiB on "
+                 "the H200 walks, decides; if it runs out, max_num_seqs)")
+    return text
 
 
 def expected_chain(card: CardDict, lever: Lever, base: list[dict[str, Any]] | None = None) -> dict[str, Any]:

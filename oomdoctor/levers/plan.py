@@ -127,6 +127,9 @@ def to_json(info: M.ModelInfo, p: M.Prediction, levers: list[PlanLever]) -> dict
         "max_concurrency": round(p.capacity.max_concurrency, 4),
         "max_model_len_that_fits": p.max_model_len_that_fits,
         "max_model_len": p.max_model_len,
+        "warmup": None if p.warmup_headroom_bytes is None else {
+            "requests": p.warmup_requests, "bytes": p.warmup_bytes, "headroom_bytes": p.warmup_headroom_bytes,
+            "at_the_edge": p.warmup_headroom_bytes < M.WARMUP_EDGE_BYTES},
         "levers": levers,
         "model": {
             "path": info.path, "architecture": info.architecture, "dtype": info.dtype,

@@ -45,6 +45,8 @@ LEVER_ORDER = {
     "kv_allocation_oom": ["kv_cache_memory_bytes", "free_other_processes", "larger_gpu"],
     "cuda_graph_oom": ["enforce_eager", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs",
                        "free_other_processes", "larger_gpu"],
+    # after a pinned arena (no profiling): the warm-up's dummy requests are max_num_seqs
+    "sampler_warmup_oom": ["max_num_seqs", "kv_cache_memory_bytes", "free_other_processes", "larger_gpu"],
 }
 
 
@@ -142,9 +144,11 @@ def kv_cache_memory_bytes(model: M.ModelInfo, inputs: Inputs, p: M.Prediction) -
         return []
     bpb = p.layout.bytes_per_block or 1
     cg = 0 if s.enforce_eager else p.cuda_graph_estimate_bytes + p.cuda_graph_unbudgeted_bytes
-    persistent = M.PERSISTENT_OVERHEAD_BYTES + (M.TP_COMM_OVERHEAD_BYTES if s.tensor_parallel_size > 1 else 0)
+    comm = M.TP_COMM_OVERHEAD_BYTES if s.tensor_parallel_size > 1 else 0
+    # after the arena: the persistent buffers, or the warm-up vLLM does not profile for a pinned arena, if larger
+    persistent = max(M.PERSISTENT_OVERHEAD_BYTES, M.NON_TORCH_BYTES + p.warmup_bytes + M.WARMUP_MARGIN_BYTES) + comm
     most = M.round_down(p.startup_free_bytes - p.weights_on_gpu_bytes - persistent - cg - LEVER_FREE_MARGIN_BYTES, bpb)
-    if p.failure in ("kv_allocation_oom", "cuda_graph_oom"):
+    if p.failure in ("kv_allocation_oom", "cuda_graph_oom", "sampler_warmup_oom"):
         if 0 < most < s.kv_cache_memory_bytes:
             return [_one("kv_cache_memory_bytes", most, inputs, "a smaller KV arena (fewer concurrent tokens)",
                          f"free {human_bytes(p.startup_free_bytes)} less weights, CUDA graphs and runtime "

@@ -33,10 +33,16 @@ def test_a_twin_dry_run_does_not_print_an_engine_command(cli, tmp_path):
     card = tmp_path / "a.yaml"
     card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
     before = card.read_bytes()
-    r = cli("retest", card, "--engine", "twin", "--dry-run")
+    # kv_cache_dtype: a lever the real engine never ran on this card (its #1 passed there: the twin answers with that)
+    r = cli("retest", card, "--engine", "twin", "--dry-run", "--lever", "kv_cache_dtype")
     assert r.rc == 0, r.err
     assert "engine_runner" not in r.out and "dry run: would run" not in r.out
     assert r.out.strip() == "dry run: the twin engine (the memory model) would predict this change; no engine would run"
+    assert card.read_bytes() == before
+    proven = cli("retest", card, "--engine", "twin", "--dry-run")
+    assert proven.rc == 0 and "attempt 2 ran this configuration on the real engine (pass" in proven.err
+    assert proven.out.strip() == ("dry run: attempt 2 already ran this configuration on the real engine (pass); "
+                                  "the twin would predict nothing")
     assert card.read_bytes() == before
     real = cli("retest", card, "--engine", "real", "--dry-run")
     assert real.rc == 0 and real.out.startswith("dry run: would run ") and "engine_runner" in real.out
@@ -48,10 +54,10 @@ def test_quiet_json_leaves_stderr_empty_and_stdout_one_json_document(cli, tmp_pa
 
     card = tmp_path / "a.yaml"
     card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
-    loud = cli("retest", card, "--engine", "twin", "--json")
+    loud = cli("retest", card, "--engine", "twin", "--json", "--lever", "kv_cache_dtype")
     assert loud.err.strip()                              # without --quiet: the summary of the attempts
     card.write_bytes((INCIDENTS / "h200-A_fail.yaml").read_bytes())
-    r = cli("retest", card, "--engine", "twin", "--json", "--quiet")
+    r = cli("retest", card, "--engine", "twin", "--json", "--quiet", "--lever", "kv_cache_dtype")
     assert r.rc == loud.rc and r.err == ""
     attempt = json.loads(r.out)
     assert attempt["engine"]["mode"] == "twin" and attempt["lever"] == json.loads(loud.out)["lever"]

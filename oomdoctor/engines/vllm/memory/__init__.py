@@ -43,10 +43,12 @@ from __future__ import annotations
 from oomdoctor.engines.vllm.defaults import (CUDA_CONTEXT_BYTES, DEFAULT_ENGINE_VERSION, SUPPORTED_ENGINE_VERSIONS,
                                              GiB, MiB)
 from oomdoctor.engines.vllm.memory.activation import (activation_peak_bytes, cuda_graph_bytes,
-                                                      cuda_graph_capture_size, forward_bytes_per_token)
+                                                      cuda_graph_capture_size, forward_bytes_per_token, warmup_bytes,
+                                                      warmup_requests)
 from oomdoctor.engines.vllm.memory.common import (CALIBRATION, CUDA_GRAPH_BASE_BYTES, CUDA_GRAPH_TOKEN_FACTOR,
                                                   DEFAULT_DRIVER_RESERVED_BYTES, DRIVER_RESERVED_BYTES, DTYPE_BYTES,
-                                                  ENGINE, FORWARD_HIDDEN_COPIES, PERSISTENT_OVERHEAD_BYTES,
+                                                  ENGINE, FORWARD_HIDDEN_COPIES, NON_TORCH_BYTES,
+                                                  PERSISTENT_OVERHEAD_BYTES, WARMUP_EDGE_BYTES, WARMUP_MARGIN_BYTES,
                                                   PROFILE_OVERHEAD_BYTES, SAMPLER_BYTES_PER_LOGIT,
                                                   TP_COMM_OVERHEAD_BYTES, VOCAB_PADDING, cdiv, round_down, round_up)
 from oomdoctor.engines.vllm.memory.config_fields import derive_max_model_len, rope_cache_rows
@@ -76,6 +78,7 @@ __all__ = [
     "activation_peak_bytes", "cuda_graph_bytes", "cuda_graph_capture_size", "forward_bytes_per_token",
     "CALIBRATION", "CUDA_GRAPH_BASE_BYTES", "CUDA_GRAPH_TOKEN_FACTOR", "DEFAULT_DRIVER_RESERVED_BYTES",
     "DRIVER_RESERVED_BYTES", "DTYPE_BYTES", "ENGINE", "FORWARD_HIDDEN_COPIES", "PERSISTENT_OVERHEAD_BYTES",
+    "NON_TORCH_BYTES", "WARMUP_EDGE_BYTES", "WARMUP_MARGIN_BYTES", "warmup_bytes", "warmup_requests",
     "PROFILE_OVERHEAD_BYTES", "SAMPLER_BYTES_PER_LOGIT", "TP_COMM_OVERHEAD_BYTES", "VOCAB_PADDING", "cdiv",
     "round_down", "round_up", "derive_max_model_len", "rope_cache_rows", "describe_model", "KVCapacity", "KVGroup",
     "KVLayout", "estimate_max_model_len", "group_layers", "kv_capacity", "kv_layout", "DEFAULT_BLOCK_SIZE",

@@ -5,7 +5,7 @@ from typing import Callable
 
 from oomdoctor.engines.vllm.memory.common import (CUDA_GRAPH_BASE_BYTES, CUDA_GRAPH_TOKEN_FACTOR,
                                                   FORWARD_HIDDEN_COPIES, SAMPLER_BYTES_PER_LOGIT, VOCAB_PADDING,
-                                                  positive_int, round_up)
+                                                  positive_int, round_up, WARMUP_BYTES_PER_LOGIT, WARMUP_FIXED_BYTES)
 from oomdoctor.engines.vllm.memory.model import ModelInfo
 
 
@@ -68,6 +68,23 @@ def activation_peak_bytes(m: ModelInfo, max_num_batched_tokens: int, max_num_seq
     forward = n * forward_bytes_per_token(m, tensor_parallel_size)
     sampler = s * round_up(m.vocab_size, VOCAB_PADDING) * SAMPLER_BYTES_PER_LOGIT // max(1, tensor_parallel_size)
     return max(forward, sampler)
+
+
+def warmup_requests(max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int, v2_runner: bool) -> int:
+    """How many dummy requests vLLM 0.25.1's warm-up runs after the KV cache: the V1 runner's sampler warm-up
+    ``min(max_num_seqs, max_num_batched_tokens)`` (gpu_worker.py ``compile_or_warm_up_model``); the V2 runner's
+    ``warmup_kernels`` (gpu/warmup.py) ``min(max_num_seqs, max_num_batched_tokens // 2, num_blocks - 1)``: prompts of
+    2 tokens decoding to 3, one block each."""
+    if not v2_runner:
+        return max(1, min(max_num_seqs, max_num_batched_tokens))
+    return max(1, min(max_num_seqs, max_num_batched_tokens // 2, max(1, num_blocks - 1)))
+
+
+def warmup_bytes(m: ModelInfo, requests: int, v2_runner: bool) -> int:
+    """MEASURED (common.WARMUP_*): what the engine allocates beyond the weights and a pinned KV arena up to the
+    warm-up's peak: the runner's fixed part + requests x the padded vocabulary x the runner's bytes per logit."""
+    key = "v2" if v2_runner else "v1"
+    return WARMUP_FIXED_BYTES[key] + int(requests * round_up(m.vocab_size, VOCAB_PADDING) * WARMUP_BYTES_PER_LOGIT[key])
 
 
 def cuda_graph_capture_size(max_num_seqs: int, max_num_batched_tokens: int) -> int:

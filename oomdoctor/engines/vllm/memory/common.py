@@ -32,6 +32,23 @@ PROFILE_OVERHEAD_BYTES = round(0.72 * GiB)
 PERSISTENT_OVERHEAD_BYTES = round(0.52 * GiB)
 #: APPROXIMATION: the dummy sampler run holds about 5 fp32 copies of the [max_num_seqs, vocab] logits.
 SAMPLER_BYTES_PER_LOGIT = 20
+#: MEASURED on the H200 (tools/gpu/warmup_probe.py: vLLM 0.25.1, the kit's Llama, vocab 32,000, hidden 2,048, a pinned
+#: 2.5e9-byte arena, eager, max_num_seqs 64-2,048, incidents/h200-retest-2026-12-02-afternoon/probe/): with a pinned KV
+#: arena vLLM skips profiling, and what the engine allocates beyond the weights and the arena up to the warm-up's peak
+#: is a fixed part plus per warm-up request x vocabulary bytes (the [requests, vocab] sampling buffers and logits; fit
+#: residual under 5 MB). Per model runner: V2 (0.25.1's default for plain decoders) and V1 (VLLM_USE_V2_MODEL_RUNNER=0).
+WARMUP_FIXED_BYTES = {"v2": 96_158_000, "v1": 163_738_000}
+WARMUP_BYTES_PER_LOGIT = {"v2": 11.886, "v1": 14.703}
+#: MEASURED: the engine process's memory beyond its CUDA context and torch's reserved pool at the warm-up (cuBLAS, ...
+#: workspaces): 793,575,424 B in use besides the pool, less the 0.51 GiB context, at every max_num_seqs.
+NON_TORCH_BYTES = 245_967_094
+#: CALIBRATED on real starts of the same settings: what the allocator may lose to fragmentation after a pinned
+#: arena. F1b_pass (offline) passed its warm-up with 110 MiB predicted to spare, W1 (served) at max_num_seqs 256 with
+#: 127 MiB; G1 (served, the same memory as F1b_pass) ran out with 110 MiB (173 MiB reserved but unallocated at its
+#: OOM). A start needs WARMUP_MARGIN_BYTES to spare; under WARMUP_EDGE_BYTES (above the 173 MiB seen) the prediction
+#: says that the allocator decides.
+WARMUP_MARGIN_BYTES = 100 * MiB
+WARMUP_EDGE_BYTES = 192 * MiB
 #: APPROXIMATION: the forward peak per scheduled token is dtype x (4 x hidden + the largest per-layer
 #: intermediate: 3 x intermediate for a gated MLP, top_k x (3 x moe_intermediate + hidden) for MoE, the
 #: in_proj output + chunked fp32 states for Mamba2).
@@ -51,6 +68,10 @@ CALIBRATION = {
     "activation_peak": "max(forward peak, sampler dummy run); see activation_peak_bytes()",
     "cuda_graph": "0.0733 GiB + capture_size x 14.49 x forward bytes/token (captures of 0.42 and 0.16 GiB)",
     "persistent_overhead_bytes": "0.52 GiB from F1b_fail's OOM message",
+    "warmup_after_pinned_arena": "measured on the H200 (tools/gpu/warmup_probe.py, max_num_seqs 64-2048): V2 "
+                                 "0.096e9 + 11.89 B per logit, V1 0.164e9 + 14.70 B; non-torch 0.246e9; 100 MiB "
+                                 "kept spare (F1b_pass passed at 110 MiB predicted, W1 at 256 at 127 MiB; G1 ran out "
+                                 "at 110 MiB: under 192 MiB the prediction says the allocator decides)",
     "rope_cache": "max_position x rotary_dim x dtype per distinct RoPE; 2.6042 GiB predicted vs 'Model loading "
                   "took 2.61 GiB' for the gpu-kit Llama",
 }

@@ -5,9 +5,10 @@ import math
 from dataclasses import dataclass
 
 from oomdoctor.engines.vllm.defaults import CUDA_CONTEXT_BYTES, defaults_for, max_passing_utilization
-from oomdoctor.engines.vllm.memory.activation import activation_peak_bytes, cuda_graph_bytes
-from oomdoctor.engines.vllm.memory.common import (PERSISTENT_OVERHEAD_BYTES, PROFILE_OVERHEAD_BYTES,
-                                                  TP_COMM_OVERHEAD_BYTES, GiB, MiB)
+from oomdoctor.engines.vllm.memory.activation import (activation_peak_bytes, cuda_graph_bytes, warmup_bytes,
+                                                      warmup_requests)
+from oomdoctor.engines.vllm.memory.common import (NON_TORCH_BYTES, PERSISTENT_OVERHEAD_BYTES, PROFILE_OVERHEAD_BYTES,
+                                                  TP_COMM_OVERHEAD_BYTES, WARMUP_MARGIN_BYTES, GiB, MiB)
 from oomdoctor.engines.vllm.memory.kv_pool import KVCapacity, KVLayout, estimate_max_model_len, kv_capacity, kv_layout
 from oomdoctor.engines.vllm.memory.kv_specs import kv_bytes_per_token, mamba_state_bytes_per_sequence
 from oomdoctor.engines.vllm.memory.model import ModelInfo
@@ -18,7 +19,7 @@ from oomdoctor.engines.vllm.memory.weights import WeightsEstimate, weights_bytes
 FAILURE_PHASES = {
     "config_invalid": "config", "free_memory_below_utilization": "profiling", "weights_load_oom": "weights_load",
     "profiling_oom": "profiling", "kv_capacity": "kv_reservation", "kv_allocation_oom": "kv_reservation",
-    "cuda_graph_oom": "cuda_graph",
+    "cuda_graph_oom": "cuda_graph", "sampler_warmup_oom": "warmup",
 }
 
 #: the log's classes a predicted failure stands for: the model's profiling step is the first forward pass, in which
@@ -59,6 +60,9 @@ class Prediction:
     peak_after_start_bytes: int
     headroom_bytes: int
     v2_runner: bool
+    warmup_requests: int = 0              # the warm-up's dummy requests after the KV cache
+    warmup_bytes: int = 0                 # what it allocates beyond weights + a pinned arena (0: profiled, budgeted)
+    warmup_headroom_bytes: int | None = None   # free memory left at the warm-up's peak (None: not pinned)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ class _Ledger:
     persistent: int
     peak_after: int
     has_kv: bool
+    n_warm: int = 0
+    peak_warm: int = 0                    # weights + pinned arena + graphs + non-torch + the warm-up (0: not pinned)
 
 
 def _gib(b: float) -> str:
@@ -114,6 +120,10 @@ def _memory_failure(s: Settings, g: _Ledger) -> tuple[str, str] | None:
     if g.vfree - g.peak_after < 0:
         return "cuda_graph_oom", (f"CUDA graphs ({_gib(g.cg)}) do not fit after the KV cache: "
                                   f"{_gib(g.peak_after)} needed, {_gib(g.vfree)} free")
+    if g.peak_warm and g.vfree - g.peak_warm < WARMUP_MARGIN_BYTES:
+        return "sampler_warmup_oom", (f"the warm-up of {g.n_warm:,} dummy requests after the pinned KV cache (which "
+                                      f"vLLM does not profile): {_gib(g.peak_warm)} needed and "
+                                      f"{_gib(WARMUP_MARGIN_BYTES)} kept spare, {_gib(g.vfree)} free")
     return None
 
 
@@ -154,9 +164,13 @@ def evaluate(m: ModelInfo, s: Settings) -> Prediction:
     kv_resident = cap.num_blocks * layout.bytes_per_block if layout.groups else 0
     persistent = PERSISTENT_OVERHEAD_BYTES + comm
     peak_after = on_gpu + kv_resident + persistent + (cg if s.kv_cache_memory_bytes is not None else cg - cg_budgeted)
+    n_warm = warmup_requests(s.max_num_seqs, s.max_num_batched_tokens, cap.num_blocks, v2)
+    warm = warmup_bytes(m, n_warm, v2) if s.kv_cache_memory_bytes is not None and layout.groups else 0
+    peak_warm = on_gpu + kv_resident + cg + NON_TORCH_BYTES + comm + warm if warm else 0
     g = _Ledger(cuda_total, vfree, requested, on_gpu, overhead, act, cg, available,
                 available - (layout.bytes_per_block if reserve and layout.groups else 0), needed, mml,
-                m.derived_max_model_len, fit_len, kv_resident, persistent, peak_after, bool(layout.groups))
+                m.derived_max_model_len, fit_len, kv_resident, persistent, peak_after, bool(layout.groups), n_warm,
+                peak_warm)
     failure, reason = _first_failure(m, s, g)
     return Prediction(
         settings=s, fits=failure is None, failure=failure, reason=reason, cuda_total_bytes=cuda_total,
@@ -167,7 +181,8 @@ def evaluate(m: ModelInfo, s: Settings) -> Prediction:
         kv_bytes_per_token=kv_bytes_per_token(m, s.kv_cache_dtype, tp),
         mamba_state_bytes_per_sequence=mamba_state_bytes_per_sequence(m, tp) if m.mamba else 0,
         kv_needed_bytes=needed, max_model_len=mml, max_model_len_that_fits=fit_len, peak_after_start_bytes=peak_after,
-        headroom_bytes=vfree - peak_after, v2_runner=v2,
+        headroom_bytes=vfree - max(peak_after, peak_warm), v2_runner=v2, warmup_requests=n_warm, warmup_bytes=warm,
+        warmup_headroom_bytes=vfree - peak_warm if warm else None,
     )
 
 
