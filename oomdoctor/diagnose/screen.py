@@ -99,16 +99,31 @@ def launcher_text(card: dict, lever: dict) -> list[str]:
     return lines
 
 
+def _outside_quotes(t: str, at: str) -> list[int]:
+    """The offsets of ``at`` in ``t`` that are outside '...' and "..." (a cut there never changes a quoted value)."""
+    out, quote, i = [], "", 0
+    while i < len(t):
+        c = t[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif t.startswith(at, i):
+            out.append(i)
+        i += 1
+    return out
+
+
 def _pieces(t: str) -> tuple[list[str], str]:
-    """A command cut where it may be continued: before each ``--flag`` (a shell line, continued with `` \\``), or
-    after each ``, `` of a Python call (continued inside its parentheses, nothing to add)."""
+    """A command cut where it may be continued, never inside a quoted value: before each ``--flag`` (a shell line,
+    continued with `` \\``), or after each ``, `` of a Python call (continued inside its parentheses)."""
     if t.startswith("LLM("):
-        parts = t.split(", ")
-        return [p + "," for p in parts[:-1]] + parts[-1:], ""
+        cuts = [i + 1 for i in _outside_quotes(t, ", ")]
+        return [t[a:b].strip() for a, b in zip([0] + cuts, cuts + [len(t)])], ""
     head, dots, rest = t.partition(" ... ")
     if dots:
         return [head + " ...", rest], " \\"
-    cuts = [m.start() for m in re.finditer(r" --?[A-Za-z]", t)]
+    cuts = [i for i in _outside_quotes(t, " -") if t[i + 2:i + 3].isalpha() or t[i + 2:i + 4][:1] == "-"]
     return [t[a:b].strip() for a, b in zip([0] + cuts, cuts + [len(t)])], " \\"
 
 

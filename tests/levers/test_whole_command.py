@@ -157,3 +157,16 @@ def test_json_gives_each_lever_the_lines_to_paste(cli) -> None:
     assert levers[0]["paste"][0].startswith("vllm serve /root/model --port 8012 ")
     assert levers[0]["paste"][0].endswith(levers[0]["flag"])
     assert all(isinstance(lv["paste"], list) for lv in levers)
+
+
+def test_a_command_is_never_cut_inside_a_quoted_value() -> None:
+    # a JSON value holding " --" and ", ": a cut there would put a backslash-newline inside the quotes
+    line = "vllm serve /m --port 8012 --hf-overrides '{\"note\": \"a --b, c\"}' --max-num-seqs 256 --max-model-len 4096"
+    for width in (20, 30, 50):
+        shown = paste_lines([line], width, "  ")
+        assert shlex.split(" ".join(s.strip().removesuffix(" \\") for s in shown)) == shlex.split(line), shown
+        assert any("'{\"note\": \"a --b, c\"}'" in s for s in shown)
+    call = "LLM(model='/models/a, b', max_model_len=4096, hf_overrides={'x': 1, 'y': 2})"
+    shown = paste_lines([call], 30, "  ")
+    assert ast.literal_eval(ast.unparse(ast.parse("\n".join(s.strip() for s in shown), mode="eval").body.keywords[0]
+                                        .value)) == "/models/a, b"
