@@ -50,7 +50,7 @@ def drop_after_stop(matches: list[Match]) -> tuple[list[Match], str | None]:
     other reading of their lines (the generic exception rule's) and the cut tracebacks before them in their process.
     A root failure, before or after the stop, stays. Returns the matches kept and the note that says the run was
     stopped (None: no stop line)."""
-    stop = next((m for m in sorted(matches, key=lambda m: m.n) if m.rule.role == "stopped"), None)
+    stop = min((m for m in matches if m.rule.role == "stopped"), key=lambda m: m.n, default=None)
     if stop is None:
         return matches, None
     sig = stop.groups.get("stop_signal")

@@ -99,6 +99,9 @@ def launcher_text(card: dict, lever: dict) -> list[str]:
     return lines
 
 
+_FLAG_START = re.compile(r"--?[A-Za-z]")          # a flag: -x or --x
+
+
 def _outside_quotes(t: str, at: str) -> list[int]:
     """The offsets of ``at`` in ``t`` that are outside '...' and "..." (a cut there never changes a quoted value)."""
     out, quote, i = [], "", 0
@@ -123,7 +126,7 @@ def _pieces(t: str) -> tuple[list[str], str]:
     head, dots, rest = t.partition(" ... ")
     if dots:
         return [head + " ...", rest], " \\"
-    cuts = [i for i in _outside_quotes(t, " -") if t[i + 2:i + 3].isalpha() or t[i + 2:i + 4][:1] == "-"]
+    cuts = [i for i in _outside_quotes(t, " -") if _FLAG_START.match(t, i + 1)]
     return [t[a:b].strip() for a, b in zip([0] + cuts, cuts + [len(t)])], " \\"
 
 

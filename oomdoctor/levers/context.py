@@ -50,16 +50,20 @@ class Ctx:
             return None
 
     @property
+    def _util_given(self) -> Any:
+        """The utilization the user set or the log printed (None: neither)."""
+        return self.args.get("gpu_memory_utilization", self.n.get("gpu_memory_utilization"))
+
+    @property
     def util(self) -> float:
         """The utilization the engine ran with: the user's, the log's, else vLLM's default for the log's version."""
-        v = self.args.get("gpu_memory_utilization", self.n.get("gpu_memory_utilization"))
+        v = self._util_given
         return float(v) if v is not None else default_utilization(self.version)
 
     @property
     def util_said(self) -> str:
         """``c.util`` as an arithmetic line writes it: a default guessed for want of a version says so."""
-        if "gpu_memory_utilization" in self.args or "gpu_memory_utilization" in self.n \
-                or not utilization_assumed(self.version):
+        if self._util_given is not None or not utilization_assumed(self.version):
             return f"{self.util}"
         return f"{self.util} (vLLM's default since 0.20; 0.9 before: the log names no version)"
 
