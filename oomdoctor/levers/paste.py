@@ -114,6 +114,7 @@ def whole_command(engine: str, wl: dict[str, Any], lever: dict[str, Any]) -> lis
     else:
         args = [shlex.join(serve_argv({k: v})) for k, v in mine.items()] + new
         line = template.format(model=shlex.quote(str(wl["model"])), args=" ".join(args)).rstrip()
-    note = ["# and add back your own " + ", ".join("--" + k.replace("_", "-") for k in withheld)
-            + " (a secret: not written here)"] if withheld else []
+    # the flags last: the output's redaction would mask a word after them ("--hf-token (a" reads as a flag's value)
+    note = ["# add back your own secret arguments, not written here: "
+            + ", ".join("--" + k.replace("_", "-") for k in withheld)] if withheld else []
     return [f"export {e}" for e in env] + [line] + note

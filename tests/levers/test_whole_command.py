@@ -108,9 +108,12 @@ def test_a_secret_argument_is_never_written_and_the_user_is_told_to_add_it_back(
     model, args = _read_back(lines[0])
     assert args["host"] == "0.0.0.0" and args["served_model_name"] in ("qwen-8b", ["qwen-8b"])
     assert model == "/root/model" and "api_key" not in args
-    assert lines[1] == "# and add back your own --api-key (a secret: not written here)"
+    assert lines[1] == "# add back your own secret arguments, not written here: --api-key"
     screen = "\n".join(first_screen(card, None, 80))
-    assert key not in screen and "--api-key (a secret" in screen
+    assert key not in screen and "secret arguments, not written here: --api-key" in screen
+    # --json goes through the output's redaction: the note stays readable (it had read "--hf-token ***REDACTED***")
+    from oomdoctor.redact import redact_obj
+    assert redact_obj({"paste": lines})["paste"] == lines
 
 
 def test_without_the_users_arguments_the_short_form_stays() -> None:
@@ -170,3 +173,14 @@ def test_a_command_is_never_cut_inside_a_quoted_value() -> None:
     shown = paste_lines([call], 30, "  ")
     assert ast.literal_eval(ast.unparse(ast.parse("\n".join(s.strip() for s in shown), mode="eval").body.keywords[0]
                                         .value)) == "/models/a, b"
+
+
+def test_the_note_on_secrets_survives_the_outputs_redaction() -> None:
+    from oomdoctor.redact import redact_obj
+
+    wl = {"launcher": "vllm-serve", "model": "/m", "launch_args": {"api_key": [MASK], "port": 8000},
+          "engine_args": {"hf_token": MASK, "max_model_len": 8192}}
+    lines = whole_command("vllm", wl, {"id": "max_model_len", "change": {"max_model_len": 4096}})
+    assert lines == ["vllm serve /m --port 8000 --max-model-len 4096",
+                     "# add back your own secret arguments, not written here: --api-key, --hf-token"]
+    assert redact_obj({"paste": lines})["paste"] == lines
