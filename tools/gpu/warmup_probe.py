@@ -8,6 +8,9 @@ the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and ``compile_or_warm_u
 allocated/reserved bytes and the device's free bytes before and after it.
 
 Usage: python3 tools/gpu/warmup_probe.py OUT.jsonl [RUNNER:N ...]    (default v1 and v2 at 64, 256, 1024, 2048)
+Another model: PROBE_MODEL=DIR (default /root/model), PROBE_MAX_MODEL_LEN (default 32768, also its
+max_position_embeddings), PROBE_DUMMY=1 for vLLM's dummy weights (a published config without its checkpoint,
+tools/gpu/realsize.sh), PROBE_ARENA bytes (default 2.5e9).
 Prints one ``PROBE {...}`` line per start and appends it to OUT.jsonl.
 """
 from __future__ import annotations
@@ -44,8 +47,12 @@ def wrapped(self):
     return out
 gpu_worker.Worker.compile_or_warm_up_model = wrapped
 from vllm import LLM
-llm = LLM(model="/root/model", max_model_len=32768, hf_overrides={"max_position_embeddings": 32768},
-          enforce_eager=True, kv_cache_memory_bytes=arena, max_num_seqs=n)
+model = os.environ.get("PROBE_MODEL", "/root/model")
+maxlen = int(os.environ.get("PROBE_MAX_MODEL_LEN", "32768"))
+extra = {"load_format": "dummy"} if os.environ.get("PROBE_DUMMY") else {}
+rec.update(model=model, max_model_len=maxlen, **extra)
+llm = LLM(model=model, max_model_len=maxlen, hf_overrides={"max_position_embeddings": maxlen},
+          enforce_eager=True, kv_cache_memory_bytes=arena, max_num_seqs=n, **extra)
 rec["warmup_peak_alloc"] = rec["peak_alloc"] - rec["alloc_before"]
 rec["warmup_peak_reserved"] = rec["peak_reserved"] - rec["reserved_before"]
 rec["non_torch_growth"] = (rec["free_before"] - rec["free_after"]) - (rec["reserved_after"] - rec["reserved_before"])
@@ -59,7 +66,8 @@ def main() -> int:
     for spec in runs:
         runner, n = spec.split(":")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        p = subprocess.run([sys.executable, "-c", CHILD, runner, n, str(ARENA)], capture_output=True, text=True,
+        arena = os.environ.get("PROBE_ARENA", str(ARENA))
+        p = subprocess.run([sys.executable, "-c", CHILD, runner, n, arena], capture_output=True, text=True,
                            env=env, timeout=240)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")), None)
         if line is None:
