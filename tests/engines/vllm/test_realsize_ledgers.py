@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from oomdoctor.engines.vllm import memory as M
+from tests.engines.vllm.test_memory import fixture_config, write_config
 
 ROOT = Path(__file__).resolve().parents[3]
 LOGS = ROOT / "fixtures" / "logs" / "vllm-0.25.1-h200-realsize"
@@ -23,7 +24,7 @@ MODELS = ROOT / "fixtures" / "models"
 GIB = 1 << 30
 NVML_TOTAL, NVML_FREE = 150_754_820_096, 150_109_880_320     # the idle H200 of every start (meta.json)
 RE_ARGS = re.compile(r"non-default args: (\{.*\})")
-RE_PROFILE = re.compile(r"torch peak memory increase: ([\d.]+)GiB; non-torch forward increase memory: ([\d.]+)GiB")
+RE_PROFILE = re.compile(r"torch peak memory increase: [\d.]+GiB; non-torch forward increase memory: ([\d.]+)GiB")
 RE_AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 RE_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
@@ -31,9 +32,9 @@ RE_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 def _ledger(path: Path) -> dict:
     text = path.read_text(encoding="utf-8", errors="replace")
     args = ast.literal_eval(RE_ARGS.search(text).group(1))
-    peak, non_torch = (float(g) * GIB for g in RE_PROFILE.search(text).groups())
+    non_torch = float(RE_PROFILE.search(text).group(1)) * GIB
     tokens = RE_TOKENS.search(text)
-    return {"name": path.stem, "args": args, "peak": peak, "non_torch": non_torch,
+    return {"name": path.stem, "args": args, "non_torch": non_torch,
             "available": float(RE_AVAIL.search(text).group(1)) * GIB,
             "tokens": int(tokens.group(1).replace(",", "")) if tokens else None}
 
@@ -46,12 +47,9 @@ def _predict(led: dict, tmp_path: Path) -> M.Prediction:
     name = Path(args["model"]).name
     src = MODELS / name
     if "hf_overrides" in args:
-        import json
-        cfg = json.loads((src / "config.json").read_text())
+        cfg = fixture_config(name)
         cfg.update(args["hf_overrides"])
-        src = tmp_path / name
-        src.mkdir()
-        (src / "config.json").write_text(json.dumps(cfg))
+        src = write_config(tmp_path, cfg, name)
     m = M.describe_model(src)
     s = M.resolve_settings(m, NVML_TOTAL, NVML_FREE, max_model_len=args.get("max_model_len"),
                            gpu_memory_utilization=args.get("gpu_memory_utilization"), usage_context="llm",
